@@ -1,0 +1,1 @@
+"""Checkpoint conversion: torch-free readers and per-model key maps."""

@@ -1,0 +1,66 @@
+"""Small layers shared by the SAM modules (upstream: segment_anything/modeling/common.py)."""
+
+from __future__ import annotations
+
+import paddle
+from paddle import nn
+
+
+class MLPBlock(nn.Layer):
+    """Two Linear layers with an activation between them: ``lin2(act(lin1(x)))``."""
+
+    def __init__(self, embedding_dim: int, mlp_dim: int, act: type[nn.Layer] = nn.GELU) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(embedding_dim, mlp_dim)
+        self.lin2 = nn.Linear(mlp_dim, embedding_dim)
+        self.act = act()
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.lin2(self.act(self.lin1(x)))
+
+
+class LayerNorm2d(nn.Layer):
+    """LayerNorm over the channel axis of a ``B x C x H x W`` tensor (eps 1e-6 as upstream)."""
+
+    def __init__(self, num_channels: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = self.create_parameter(
+            [num_channels], default_initializer=nn.initializer.Constant(1.0)
+        )
+        self.bias = self.create_parameter(
+            [num_channels], default_initializer=nn.initializer.Constant(0.0), is_bias=True
+        )
+        self.eps = eps
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / paddle.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class MLP(nn.Layer):
+    """``num_layers`` Linear layers with ReLU between them (upstream: mask_decoder.MLP)."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_dim: int,
+        output_dim: int,
+        num_layers: int,
+        sigmoid_output: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        h = [hidden_dim] * (num_layers - 1)
+        self.layers = nn.LayerList(
+            nn.Linear(n, k) for n, k in zip([input_dim] + h, h + [output_dim])
+        )
+        self.sigmoid_output = sigmoid_output
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = nn.functional.relu(layer(x)) if i < self.num_layers - 1 else layer(x)
+        if self.sigmoid_output:
+            x = nn.functional.sigmoid(x)
+        return x

@@ -1,0 +1,118 @@
+"""The SAM model: image encoder + prompt encoder + mask decoder (upstream: modeling/sam.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from .image_encoder import ImageEncoderViT
+from .mask_decoder import MaskDecoder
+from .prompt_encoder import PromptEncoder
+
+
+class Sam(nn.Layer):
+    mask_threshold: float = 0.0
+    image_format: str = "RGB"
+
+    def __init__(
+        self,
+        image_encoder: ImageEncoderViT,
+        prompt_encoder: PromptEncoder,
+        mask_decoder: MaskDecoder,
+        pixel_mean: tuple[float, float, float] = (123.675, 116.28, 103.53),
+        pixel_std: tuple[float, float, float] = (58.395, 57.12, 57.375),
+    ) -> None:
+        super().__init__()
+        self.image_encoder = image_encoder
+        self.prompt_encoder = prompt_encoder
+        self.mask_decoder = mask_decoder
+        # not part of the checkpoint (upstream registers them as non-persistent buffers)
+        self.register_buffer(
+            "pixel_mean", paddle.to_tensor(pixel_mean, dtype="float32").reshape([-1, 1, 1]),
+            persistable=False,
+        )
+        self.register_buffer(
+            "pixel_std", paddle.to_tensor(pixel_std, dtype="float32").reshape([-1, 1, 1]),
+            persistable=False,
+        )
+
+    @paddle.no_grad()
+    def forward(
+        self, batched_input: list[dict[str, Any]], multimask_output: bool
+    ) -> list[dict[str, paddle.Tensor]]:
+        """End-to-end prediction for a list of images, as upstream's ``Sam.forward``.
+
+        Each input dict has ``image`` (3 x H x W, already resized to the longest side),
+        ``original_size`` (H, W) and optionally ``point_coords`` (B x N x 2),
+        ``point_labels`` (B x N), ``boxes`` (B x 4) and ``mask_inputs`` (B x 1 x 256 x 256),
+        all in the resized frame. Returns dicts with ``masks`` (bool), ``iou_predictions``
+        and ``low_res_logits``.
+        """
+        input_images = paddle.stack([self.preprocess(x["image"]) for x in batched_input], axis=0)
+        image_embeddings = self.image_encoder(input_images)
+        outputs = []
+        for record, emb in zip(batched_input, image_embeddings):
+            points = None
+            if "point_coords" in record:
+                points = (record["point_coords"], record["point_labels"])
+            sparse, dense = self.prompt_encoder(
+                points=points, boxes=record.get("boxes"), masks=record.get("mask_inputs")
+            )
+            low_res_masks, iou_predictions = self.mask_decoder(
+                image_embeddings=emb.unsqueeze(0),
+                image_pe=self.prompt_encoder.get_dense_pe(),
+                sparse_prompt_embeddings=sparse,
+                dense_prompt_embeddings=dense,
+                multimask_output=multimask_output,
+            )
+            masks = self.postprocess_masks(
+                low_res_masks,
+                input_size=tuple(record["image"].shape[-2:]),
+                original_size=record["original_size"],
+            )
+            outputs.append(
+                {
+                    "masks": masks > self.mask_threshold,
+                    "iou_predictions": iou_predictions,
+                    "low_res_logits": low_res_masks,
+                }
+            )
+        return outputs
+
+    def postprocess_masks(
+        self,
+        masks: paddle.Tensor,
+        input_size: tuple[int, ...],
+        original_size: tuple[int, ...],
+    ) -> paddle.Tensor:
+        """Low-res logits (B x C x h x w) -> logits at the original image size (B x C x H x W).
+
+        Upscale to the padded encoder input, crop the padding, resize to the original size.
+        """
+        size = self.image_encoder.img_size
+        masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
+        masks = masks[..., : int(input_size[0]), : int(input_size[1])]
+        return F.interpolate(
+            masks,
+            size=[int(original_size[0]), int(original_size[1])],
+            mode="bilinear",
+            align_corners=False,
+        )
+
+    def preprocess(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Normalise a (B x) 3 x h x w resized image and pad it bottom-right to img_size."""
+        x = (x.astype("float32") - self.pixel_mean) / self.pixel_std
+        h, w = x.shape[-2:]
+        size = self.image_encoder.img_size
+        if h > size or w > size:
+            raise ValueError(
+                f"image of size {h}x{w} is larger than the encoder input {size}x{size}; "
+                "resize it to the longest side first (ResizeLongestSide)"
+            )
+        if h < size or w < size:
+            # full-rank pad spec: (before, after) for every axis, first axis first
+            x = F.pad(x, [0, 0] * (x.ndim - 2) + [0, size - h, 0, size - w], value=0.0)
+        return x

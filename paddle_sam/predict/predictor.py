@@ -1,0 +1,221 @@
+"""Drop-in ``SamPredictor``: same calls, arguments, defaults and returns as segment-anything's.
+
+The image embedding is computed once by :meth:`SamPredictor.set_image` and reused by every
+:meth:`SamPredictor.predict` call. ``predict_torch`` / ``set_torch_image`` are kept as aliases
+of the Paddle versions so ported code runs unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from ..models.sam import Sam
+from .transforms import ResizeLongestSide
+
+
+def check_image(image: np.ndarray, name: str = "image") -> None:
+    """Raise a ValueError unless ``image`` is an H x W x 3 uint8 array."""
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array (H x W x 3 uint8), got {type(image).__name__}")
+    if image.ndim != 3 or image.shape[2] != 3:
+        hint = ""
+        if image.ndim == 2:
+            hint = " (grayscale: stack it to 3 channels or use PIL's .convert('RGB'))"
+        elif image.ndim == 3 and image.shape[2] == 4:
+            hint = " (RGBA: drop or composite the alpha channel, e.g. PIL's .convert('RGB'))"
+        raise ValueError(f"{name} must have shape H x W x 3, got {tuple(image.shape)}{hint}")
+    if image.dtype != np.uint8:
+        raise ValueError(
+            f"{name} must be uint8 (0..255), got dtype {image.dtype}; scale 16-bit or float "
+            "images to 8 bits first"
+        )
+    if image.shape[0] < 1 or image.shape[1] < 1:
+        raise ValueError(f"{name} is empty: shape {tuple(image.shape)}")
+
+
+class SamPredictor:
+    def __init__(self, sam_model: Sam) -> None:
+        """Predict masks for one image at a time from prompts, reusing its embedding."""
+        self.model = sam_model
+        self.transform = ResizeLongestSide(sam_model.image_encoder.img_size)
+        self.reset_image()
+
+    @property
+    def device(self) -> str:
+        return str(self.model.prompt_encoder.no_mask_embed.weight.place)
+
+    def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+        """Compute and keep the embedding of an H x W x 3 uint8 image."""
+        if image_format not in ("RGB", "BGR"):
+            raise ValueError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
+        check_image(image)
+        if image_format != self.model.image_format:
+            image = image[..., ::-1]
+        input_image = self.transform.apply_image(np.ascontiguousarray(image))
+        input_image = paddle.to_tensor(input_image).transpose([2, 0, 1]).unsqueeze(0)
+        self.set_paddle_image(input_image, image.shape[:2])
+
+    @paddle.no_grad()
+    def set_paddle_image(
+        self, transformed_image: paddle.Tensor, original_image_size: tuple[int, ...]
+    ) -> None:
+        """Embed a 1 x 3 x h x w image already resized with :class:`ResizeLongestSide`."""
+        size = self.model.image_encoder.img_size
+        shape = tuple(transformed_image.shape)
+        if len(shape) != 4 or shape[0] != 1 or shape[1] != 3 or max(shape[2:]) != size:
+            raise ValueError(
+                f"set_paddle_image expects a 1 x 3 x h x w tensor with long side {size}, "
+                f"got {list(shape)}"
+            )
+        self.reset_image()
+        self.original_size = tuple(int(v) for v in original_image_size)
+        self.input_size = tuple(int(v) for v in shape[-2:])
+        input_image = self.model.preprocess(transformed_image)
+        self.features = self.model.image_encoder(input_image)
+        self.is_image_set = True
+
+    set_torch_image = set_paddle_image
+
+    def predict(
+        self,
+        point_coords: np.ndarray | None = None,
+        point_labels: np.ndarray | None = None,
+        box: np.ndarray | None = None,
+        mask_input: np.ndarray | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Masks for the prompts on the current image.
+
+        point_coords: N x 2 (x, y) pixels of the original image; point_labels: N (1
+        foreground, 0 background); box: 4 (x0, y0, x1, y1); mask_input: 1 x 256 x 256
+        low-res logits from a previous call. Returns masks (C x H x W, bool unless
+        ``return_logits``), IoU predictions (C) and low-res logits (C x 256 x 256), C = 3
+        with ``multimask_output`` else 1.
+        """
+        self._require_image()
+        coords_t = labels_t = box_t = mask_t = None
+        if point_coords is not None or point_labels is not None:
+            coords, labels = self._check_points(point_coords, point_labels)
+            coords = self.transform.apply_coords(coords, self.original_size)
+            coords_t = paddle.to_tensor(coords, dtype="float32").unsqueeze(0)
+            labels_t = paddle.to_tensor(labels, dtype="int32").unsqueeze(0)
+        if box is not None:
+            box = self.transform.apply_boxes(self._check_box(box), self.original_size)
+            box_t = paddle.to_tensor(box, dtype="float32").unsqueeze(0)
+        if mask_input is not None:
+            mask_t = paddle.to_tensor(self._check_mask_input(mask_input), dtype="float32")
+            mask_t = mask_t.unsqueeze(0)
+        masks, iou_predictions, low_res_masks = self.predict_paddle(
+            coords_t, labels_t, box_t, mask_t, multimask_output, return_logits=return_logits
+        )
+        return masks[0].numpy(), iou_predictions[0].numpy(), low_res_masks[0].numpy()
+
+    @paddle.no_grad()
+    def predict_paddle(
+        self,
+        point_coords: paddle.Tensor | None,
+        point_labels: paddle.Tensor | None,
+        boxes: paddle.Tensor | None = None,
+        mask_input: paddle.Tensor | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """Batched prediction with prompts already in the resized frame.
+
+        point_coords: B x N x 2, point_labels: B x N, boxes: B x 4, mask_input:
+        B x 1 x 256 x 256. Returns masks B x C x H x W, IoU B x C, low-res B x C x 256 x 256.
+        """
+        self._require_image()
+        if (point_coords is None) != (point_labels is None):
+            raise ValueError("point_coords and point_labels must be given together")
+        points = (point_coords, point_labels) if point_coords is not None else None
+        sparse, dense = self.model.prompt_encoder(points=points, boxes=boxes, masks=mask_input)
+        low_res_masks, iou_predictions = self.model.mask_decoder(
+            image_embeddings=self.features,
+            image_pe=self.model.prompt_encoder.get_dense_pe(),
+            sparse_prompt_embeddings=sparse,
+            dense_prompt_embeddings=dense,
+            multimask_output=multimask_output,
+        )
+        masks = self.model.postprocess_masks(low_res_masks, self.input_size, self.original_size)
+        if not return_logits:
+            masks = masks > self.model.mask_threshold
+        return masks, iou_predictions, low_res_masks
+
+    predict_torch = predict_paddle
+
+    def get_image_embedding(self) -> paddle.Tensor:
+        """The current image's embedding: 1 x C x H x W (C = 256, H = W = 64 for SAM)."""
+        self._require_image()
+        return self.features
+
+    def reset_image(self) -> None:
+        self.is_image_set = False
+        self.features = None
+        self.orig_h = self.orig_w = self.input_h = self.input_w = None
+        self.original_size = self.input_size = None
+
+    # -- input checks: clear errors instead of tracebacks from inside Paddle --
+
+    def _require_image(self) -> None:
+        if not self.is_image_set:
+            raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+
+    def _check_points(self, coords, labels) -> tuple[np.ndarray, np.ndarray]:
+        if coords is None or labels is None:
+            raise ValueError("point_labels must be supplied if point_coords is supplied (and vice versa)")
+        coords = np.asarray(coords, dtype=np.float64)
+        labels = np.asarray(labels)
+        if coords.ndim != 2 or coords.shape[1] != 2:
+            raise ValueError(f"point_coords must have shape N x 2, got {coords.shape}")
+        if coords.shape[0] == 0:
+            raise ValueError("point_coords is empty; pass None for no points")
+        if labels.shape != (coords.shape[0],):
+            raise ValueError(
+                f"point_labels must have shape ({coords.shape[0]},) to match point_coords, "
+                f"got {labels.shape}"
+            )
+        if not np.isin(labels, (-1, 0, 1)).all():
+            raise ValueError(
+                f"point_labels must be 1 (foreground), 0 (background) or -1 (padding), "
+                f"got {sorted(set(labels.ravel().tolist()))}"
+            )
+        self._check_in_image(coords, "point_coords")
+        return coords, labels.astype(np.int32)
+
+    def _check_box(self, box) -> np.ndarray:
+        box = np.asarray(box, dtype=np.float64)
+        if box.shape not in ((4,), (1, 4)):
+            raise ValueError(
+                f"box must have shape (4,) as x0, y0, x1, y1 (use predict_paddle for several "
+                f"boxes), got {box.shape}"
+            )
+        box = box.reshape(4)
+        if box[2] < box[0] or box[3] < box[1]:
+            raise ValueError(f"box must be x0, y0, x1, y1 with x0 <= x1 and y0 <= y1, got {box.tolist()}")
+        self._check_in_image(box.reshape(2, 2), "box")
+        return box
+
+    def _check_in_image(self, xy: np.ndarray, name: str) -> None:
+        if not np.isfinite(xy).all():
+            raise ValueError(f"{name} contains NaN or infinite values")
+        h, w = self.original_size
+        outside = (xy[:, 0] < 0) | (xy[:, 0] > w) | (xy[:, 1] < 0) | (xy[:, 1] > h)
+        if outside.any():
+            raise ValueError(
+                f"{name} {xy[outside].tolist()} lie outside the image (width {w}, height {h})"
+            )
+
+    def _check_mask_input(self, mask_input) -> np.ndarray:
+        mask_input = np.asarray(mask_input, dtype=np.float32)
+        size = tuple(self.model.prompt_encoder.mask_input_size)
+        if mask_input.shape != (1, *size):
+            raise ValueError(
+                f"mask_input must have shape 1 x {size[0]} x {size[1]} (low-res logits of a "
+                f"previous prediction), got {mask_input.shape}"
+            )
+        if not np.isfinite(mask_input).all():
+            raise ValueError("mask_input contains NaN or infinite values")
+        return mask_input
