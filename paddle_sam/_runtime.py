@@ -1,16 +1,30 @@
-"""Fast CPU defaults, applied once before Paddle is imported.
+"""Fast CPU defaults, applied when ``paddle_sam`` is imported.
 
-Out of the box Paddle runs its CPU kernels on one thread, and the MKL it bundles takes a slow
-code path on AMD processors unless ``MKL_DEBUG_CPU_TYPE=5`` is in the environment when MKL
-loads (DESIGN.md section 4). We set both defaults, but only where the user has not chosen:
-an existing ``MKL_DEBUG_CPU_TYPE`` / ``OMP_NUM_THREADS`` is never overwritten, and
-``PADDLE_SAM_NO_CPU_TUNING=1`` turns the whole thing off.
+Out of the box Paddle's dygraph matmuls run MKL on one thread (measured here: 120 GFLOP/s
+on two cores, 205-228 with two threads), and on AMD processors the MKL it bundles takes a
+slow code path unless ``MKL_DEBUG_CPU_TYPE=5`` is set before MKL loads (DESIGN.md section
+4; on Intel the same variable halves the speed, so it is set on AMD only).
+
+Paddle 3's strided views make every transpose that is later reshaped go through a generic
+strided-copy kernel, about 8x slower on CPU than its transpose kernel (measured here: a
+12 x 4096 x 4096 transposed copy in 2.7 s against 0.35 s), so on a CPU-only build we also
+default ``FLAGS_use_stride_kernel`` to off (Paddle 2.x semantics: such ops copy).
+
+Paddle itself sets ``OMP_NUM_THREADS=1`` when it is imported without one (and prints a
+warning when it finds more), so the thread count is set after the import, through Paddle,
+MKL and OpenMP directly.
+
+A user's choice always wins: an existing ``OMP_NUM_THREADS``, ``MKL_DEBUG_CPU_TYPE`` or
+``FLAGS_use_stride_kernel`` is left alone, and ``PADDLE_SAM_NO_CPU_TUNING=1`` turns all of
+this off.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+from pathlib import Path
 
 _applied = False
 
@@ -23,26 +37,77 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _is_amd() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return "AuthenticAMD" in line
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    return False
+
+
 def apply_cpu_defaults() -> None:
-    """Set MKL's code path and the intra-op thread count unless the user already did."""
+    """Set MKL's code path and the thread count unless the user already did."""
     global _applied
     if _applied or os.environ.get("PADDLE_SAM_NO_CPU_TUNING") == "1":
         return
     _applied = True
-    if "paddle" not in sys.modules:
-        # MKL reads this when it is loaded, so it only helps before paddle's first import.
-        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-    if "OMP_NUM_THREADS" in os.environ:
-        return  # the user's thread choice wins; paddle reads it itself
+    cpu_only = not _has_gpu_build()
+    user_threads = "OMP_NUM_THREADS" in os.environ  # paddle sets it to 1 on import
+    if "paddle" not in sys.modules and _is_amd():
+        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # read when MKL loads
     import paddle
 
-    paddle.base.core.set_num_threads(cpu_count())
+    if cpu_only and "FLAGS_use_stride_kernel" not in os.environ:
+        paddle.set_flags({"FLAGS_use_stride_kernel": False})
+    if not user_threads:
+        set_num_threads(cpu_count())
+
+
+def _has_gpu_build() -> bool:
+    """True for paddlepaddle-gpu (and other accelerator builds), without importing paddle."""
+    from importlib import metadata
+
+    for dist in ("paddlepaddle-gpu", "paddlepaddle-xpu", "paddle-custom-device"):
+        try:
+            metadata.distribution(dist)
+            return True
+        except metadata.PackageNotFoundError:
+            continue
+    return False
+
+
+def _load(lib: Path):
+    if not lib.is_file():
+        return None
+    try:
+        return ctypes.CDLL(str(lib))  # the copy paddle already loaded: same handle
+    except OSError:  # pragma: no cover
+        return None
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of CPU threads Paddle's kernels use."""
-    if int(n) < 1:
+    """Use ``n`` CPU threads in Paddle's kernels, MKL's GEMMs included."""
+    n = int(n)
+    if n < 1:
         raise ValueError(f"threads must be >= 1, got {n}")
     import paddle
 
-    paddle.base.core.set_num_threads(int(n))
+    paddle.base.core.set_num_threads(n)
+    libs = Path(paddle.__file__).parent / "libs"
+    for name, fn in (("libmklml_intel.so", "MKL_Set_Num_Threads"), ("libiomp5.so", "omp_set_num_threads")):
+        lib = _load(libs / name)
+        if lib is not None and hasattr(lib, fn):
+            getattr(lib, fn)(n)
+
+
+def get_num_threads() -> int | None:
+    """MKL's thread count, or None when Paddle was built without MKL."""
+    import paddle
+
+    mkl = _load(Path(paddle.__file__).parent / "libs" / "libmklml_intel.so")
+    if mkl is None or not hasattr(mkl, "MKL_Get_Max_Threads"):
+        return None
+    return int(mkl.MKL_Get_Max_Threads())

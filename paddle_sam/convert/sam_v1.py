@@ -166,3 +166,23 @@ def _mismatch_message(missing: list[str], extra: list[str], wrong: list[str], li
             more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
             parts.append(f"  {len(items)} {title}:\n    {shown}{more}")
     return "\n".join(parts)
+
+
+def random_official_state_dict(spec: SamSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights for ``spec`` in the official layout (torch shapes, float32).
+
+    For demos and tests that need an "official" file without torch; the masks such a
+    model predicts are meaningless.
+    """
+    rng = np.random.default_rng(seed)
+    shapes, linear = expected_layout(spec)
+    out = {}
+    for key, shape in shapes.items():
+        torch_shape = shape[::-1] if key in linear else shape
+        if key.endswith(".weight") and len(shape) == 1:  # norms
+            value = 1.0 + 0.02 * rng.standard_normal(torch_shape)
+        else:
+            fan_in = int(np.prod(torch_shape[1:])) if len(torch_shape) > 1 else 1
+            value = rng.standard_normal(torch_shape) / np.sqrt(max(fan_in, 1))
+        out[key] = value.astype(np.float32)
+    return out

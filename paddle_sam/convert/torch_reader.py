@@ -296,7 +296,19 @@ def _torch_size(dims: object = ()) -> tuple[int, ...]:
     return _dims(dims, "torch.Size entry")
 
 
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+class _Callable(_Inert):
+    """Wraps an allowed callable so pickle BUILD cannot set attributes on the real function."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+_ALLOWED_GLOBALS: dict[tuple[str, str], Callable[..., Any]] = {
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
     ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
@@ -323,7 +335,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         allowed = _ALLOWED_GLOBALS.get((module, name))
         if allowed is not None:
-            return allowed
+            return _Callable(allowed)
         if module in ("torch", "torch.cuda", "torch.storage") and name in _STORAGE_ELEMS:
             return _StorageType(name, _ELEMS[_STORAGE_ELEMS[name]])
         if module == "torch":
@@ -732,7 +744,7 @@ def _sniff(path: str) -> str:
         raise _Bad("file is empty")
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
-    if head[:1] == b"\x80":
+    if head[:1] == b"\x80" or head.startswith(b"L%d" % _LEGACY_MAGIC):  # protocol >= 2, or 0/1
         return "legacy"
     if len(head) >= 9 and head[8:9] == b"{":
         (n,) = struct.unpack("<Q", head[:8])
@@ -779,7 +791,7 @@ def load_checkpoint_tree(path: PathLike, *, progress: Progress = False) -> Any:
         raise CheckpointFormatError(
             f"cannot read checkpoint '{p}': objects nested too deeply"
         ) from None
-    except MemoryError:
+    except (MemoryError, OSError):
         raise
     except Exception as e:  # malformed pickle opcodes, bad argument types, short reads, ...
         raise CheckpointFormatError(

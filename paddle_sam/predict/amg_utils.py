@@ -1,4 +1,4 @@
-"""Helpers for the automatic mask generator (Paddle / numpy counterparts of ``segment_anything.utils.amg``).
+"""Helpers for the automatic mask generator (counterparts of ``segment_anything.utils.amg``).
 
 Tensor-valued helpers take and return ``paddle.Tensor`` so that the heavy per-pixel work
 (stability scores, thresholding, boxes, run-length change points) stays on the model's device.
@@ -10,10 +10,10 @@ here too. ``batched_nms`` is an exact numpy port of torchvision's greedy NMS, an
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import ItemsView, Iterator, Sequence
 from copy import deepcopy
 from itertools import product
-from typing import Any, ItemsView
+from typing import Any
 
 import numpy as np
 import paddle
@@ -89,16 +89,22 @@ class MaskData:
                 raise TypeError(f"MaskData key {k} has an unsupported type {type(v)}.")
 
     def cat(self, new_stats: MaskData) -> None:
-        """Append the entries of ``new_stats`` along the first axis."""
+        """Append the entries of ``new_stats`` along the first axis.
+
+        Containers are copied, list items (e.g. RLE dicts) are shared, not deep-copied: upstream's
+        deep copy of every RLE dominated the generator's run time.
+        """
         for k, v in new_stats.items():
             if k not in self._stats or self._stats[k] is None:
-                self._stats[k] = deepcopy(v) if not _is_tensor(v) else v.clone()
+                self._stats[k] = (
+                    v.clone() if _is_tensor(v) else (list(v) if isinstance(v, list) else v.copy())
+                )
             elif _is_tensor(v):
                 self._stats[k] = paddle.concat([self._stats[k], v], axis=0)
             elif isinstance(v, np.ndarray):
                 self._stats[k] = np.concatenate([self._stats[k], v], axis=0)
             elif isinstance(v, list):
-                self._stats[k] = self._stats[k] + deepcopy(v)
+                self._stats[k] = self._stats[k] + list(v)
             else:
                 raise TypeError(f"MaskData key {k} has an unsupported type {type(v)}.")
 
@@ -195,7 +201,9 @@ def calculate_stability_score(
     """
     high = (masks > (mask_threshold + threshold_offset)).astype("int32").sum(axis=[-2, -1])
     low = (masks > (mask_threshold - threshold_offset)).astype("int32").sum(axis=[-2, -1])
-    return high.astype("float32") / low.astype("float32")
+    # Paddle's vectorised float32 division on CPU is not correctly rounded (1-ulp differences
+    # from torch); dividing in float64 and rounding once to float32 matches torch bit for bit.
+    return (high.astype("float64") / low.astype("float64")).astype("float32")
 
 
 def build_point_grid(n_per_side: int) -> np.ndarray:
@@ -354,15 +362,17 @@ def remove_small_regions(
     working = np.logical_xor(correct_holes, mask)
     n_labels, regions, areas = connected_components(working)
     sizes = areas[1:]
-    small = [i + 1 for i, s in enumerate(sizes.tolist()) if s < area_thresh]
-    if not small:
+    small = np.flatnonzero(sizes < area_thresh) + 1
+    if small.size == 0:
         return mask, False
-    fill = [0, *small]
+    fill = np.zeros(n_labels, dtype=bool)  # labels that end up True in the new mask
+    fill[0] = True
+    fill[small] = True
     if not correct_holes:
-        fill = [i for i in range(n_labels) if i not in set(fill)]
-        if not fill:  # every island is small: keep the largest
-            fill = [int(np.argmax(sizes)) + 1]
-    return np.isin(regions, fill), True
+        fill = ~fill  # keep the large islands; background and small islands become False
+        if not fill.any():  # every island is small: keep the largest
+            fill[int(np.argmax(sizes)) + 1] = True
+    return fill[regions], True
 
 
 def coco_encode_rle(uncompressed_rle: dict[str, Any]) -> dict[str, Any]:

@@ -83,14 +83,20 @@ class SamAutomaticMaskGenerator:
                 f"point_grids={'None' if point_grids is None else 'a list'}."
             )
         if output_mode not in OUTPUT_MODES:
-            raise ValueError(f"Unknown output_mode {output_mode!r}; expected one of {OUTPUT_MODES}.")
+            raise ValueError(
+                f"Unknown output_mode {output_mode!r}; expected one of {OUTPUT_MODES}."
+            )
         if int(points_per_batch) < 1:
             raise ValueError(f"points_per_batch must be >= 1, got {points_per_batch}.")
         if int(crop_n_layers) < 0:
             raise ValueError(f"crop_n_layers must be >= 0, got {crop_n_layers}.")
         if points_per_side is not None:
-            if int(points_per_side) < 1:
-                raise ValueError(f"points_per_side must be >= 1, got {points_per_side}.")
+            last = int(points_per_side / (crop_n_points_downscale_factor**crop_n_layers))
+            if last < 1:
+                raise ValueError(
+                    f"points_per_side={points_per_side} leaves no points in crop layer "
+                    f"{crop_n_layers} (downscale factor {crop_n_points_downscale_factor})."
+                )
             self.point_grids = build_all_layer_point_grids(
                 points_per_side, crop_n_layers, crop_n_points_downscale_factor
             )
@@ -131,7 +137,9 @@ class SamAutomaticMaskGenerator:
         if image.ndim != 3 or image.shape[2] != 3:
             raise ValueError(f"image must be H x W x 3 (RGB), got shape {image.shape}.")
         if image.dtype != np.uint8:
-            raise ValueError(f"image must be uint8 with values in [0, 255], got dtype {image.dtype}.")
+            raise ValueError(
+                f"image must be uint8 with values in [0, 255], got dtype {image.dtype}."
+            )
         if image.shape[0] == 0 or image.shape[1] == 0:
             raise ValueError(f"image must not be empty, got shape {image.shape}.")
 

@@ -1,0 +1,35 @@
+"""paddle-sam: Segment Anything in PaddlePaddle 3.
+
+``from paddle_sam import sam_model_registry, SamPredictor, SamAutomaticMaskGenerator`` is a
+drop-in for ``segment_anything``. Importing the package applies the fast CPU defaults
+(threads, MKL code path) unless the user set their own; see ``paddle_sam._runtime``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ._runtime import apply_cpu_defaults, set_num_threads
+
+with warnings.catch_warnings():
+    # paddle warns about a missing ccache on import; it only matters for C++ extensions
+    warnings.filterwarnings("ignore", message="No ccache found")
+    apply_cpu_defaults()
+    import paddle  # noqa: F401
+
+from .models import SAM_SPECS, Sam, SamSpec, build_sam, sam_model_registry  # noqa: E402
+from .predict.automatic_mask_generator import SamAutomaticMaskGenerator  # noqa: E402
+from .predict.predictor import SamPredictor  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SAM_SPECS",
+    "Sam",
+    "SamAutomaticMaskGenerator",
+    "SamPredictor",
+    "SamSpec",
+    "build_sam",
+    "sam_model_registry",
+    "set_num_threads",
+]

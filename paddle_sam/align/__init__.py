@@ -1,0 +1,1 @@
+"""Alignment against the official PyTorch code (needs the ``torch`` extra)."""

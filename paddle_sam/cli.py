@@ -1,0 +1,300 @@
+"""``paddle-sam``: convert, segment, everything, align.
+
+Run ``paddle-sam COMMAND --help`` for each command's options. Errors in what the user gave
+(files, prompts, arguments) print one line naming the problem and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError, KeyError)
+
+
+def _floats(text: str, n: tuple[int, ...], what: str) -> list[float]:
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be numbers separated by commas: {text!r}") from None
+    if len(vals) not in n:
+        raise argparse.ArgumentTypeError(f"{what} needs {' or '.join(map(str, n))} values: {text!r}")
+    return vals
+
+
+def _point(text: str) -> list[float]:
+    vals = _floats(text, (2, 3), "--point X,Y[,LABEL]")
+    if len(vals) == 3 and vals[2] not in (0.0, 1.0):
+        raise argparse.ArgumentTypeError(f"point label must be 1 (foreground) or 0 (background): {text!r}")
+    return vals if len(vals) == 3 else vals + [1.0]
+
+
+def _box(text: str) -> list[float]:
+    return _floats(text, (4,), "--box X0,Y0,X1,Y1")
+
+
+def _prepare_out(out: Path, names: list[str], overwrite: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    clash = [n for n in names if (out / n).exists()]
+    if clash and not overwrite:
+        raise FileExistsError(
+            f"{out} already has {', '.join(clash)}; pass --overwrite to replace them"
+        )
+
+
+def _load_model(args):
+    from .convert.checkpoint import load_sam
+
+    if args.checkpoint is None:
+        raise ValueError(
+            "no --checkpoint given and no default model is bundled yet; convert official "
+            "weights with 'paddle-sam convert' and pass --checkpoint FILE"
+        )
+    return load_sam(args.checkpoint, args.model_type)
+
+
+def cmd_convert(args) -> int:
+    from .convert.checkpoint import convert_checkpoint
+
+    t = time.perf_counter()
+    meta = convert_checkpoint(
+        args.src, args.dst, args.model_type, overwrite=args.overwrite, progress=not args.quiet
+    )
+    print(
+        f"converted {args.src} ({meta['model_type']}, {meta['source']['layout']} layout) -> "
+        f"{args.dst} in {time.perf_counter() - t:.1f}s; sidecar {args.dst}.json"
+    )
+    return 0
+
+
+def cmd_segment(args) -> int:
+    from .predict.io import load_image, overlay, save_mask_png
+    from .predict.predictor import SamPredictor
+
+    if not args.point and args.box is None:
+        raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
+    image = load_image(args.image)
+    out = Path(args.output)
+    multimask = args.multimask if args.multimask is not None else (len(args.point) == 1 and args.box is None)
+    names = ["mask.png", "overlay.png", "result.json"]
+    if multimask:
+        names += [f"mask_{i}.png" for i in range(3)]
+    _prepare_out(out, names, args.overwrite)
+
+    predictor = SamPredictor(_load_model(args))
+    coords = np.array([p[:2] for p in args.point]) if args.point else None
+    labels = np.array([int(p[2]) for p in args.point]) if args.point else None
+    box = np.array(args.box) if args.box is not None else None
+    t = time.perf_counter()
+    predictor.set_image(image)
+    t_embed = time.perf_counter() - t
+    t = time.perf_counter()
+    masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=multimask)
+    t_decode = time.perf_counter() - t
+    best = int(np.argmax(scores))
+    save_mask_png(masks[best], out / "mask.png")
+    if multimask:
+        for i, m in enumerate(masks):
+            save_mask_png(m, out / f"mask_{i}.png")
+    overlay(image, [masks[best]], points=coords, labels=labels,
+            boxes=None if box is None else box[None]).save(out / "overlay.png")
+    result = {
+        "image": str(args.image),
+        "checkpoint": str(args.checkpoint),
+        "prompts": {"points": args.point or [], "box": args.box},
+        "multimask_output": multimask,
+        "scores": [float(s) for s in scores],
+        "best": best,
+        "mask_area": int(masks[best].sum()),
+        "seconds": {"image_embedding": round(t_embed, 3), "decoder": round(t_decode, 4)},
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"mask (score {scores[best]:.3f}, {result['mask_area']} px) -> {out}/mask.png, "
+          f"overlay.png, result.json")
+    return 0
+
+
+def cmd_everything(args) -> int:
+    from .predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from .predict.io import load_image, overlay, save_mask_png
+
+    image = load_image(args.image)
+    out = Path(args.output)
+    _prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
+    generator = SamAutomaticMaskGenerator(
+        _load_model(args),
+        points_per_side=args.points_per_side,
+        points_per_batch=args.points_per_batch,
+        pred_iou_thresh=args.pred_iou_thresh,
+        stability_score_thresh=args.stability_score_thresh,
+        box_nms_thresh=args.box_nms_thresh,
+        crop_n_layers=args.crop_n_layers,
+        min_mask_region_area=args.min_mask_region_area,
+        output_mode="binary_mask",
+        progress=not args.quiet,
+    )
+    records = generator.generate(image)
+    (out / "masks").mkdir(exist_ok=True)
+    annotations = []
+    for i, r in enumerate(records):
+        save_mask_png(r["segmentation"], out / "masks" / f"{i:04d}.png")
+        ann = {k: v for k, v in r.items() if k != "segmentation"}
+        ann["id"] = i
+        ann["segmentation"] = _coco_rle(r["segmentation"])
+        annotations.append(ann)
+    overlay(image, [r["segmentation"] for r in records]).save(out / "overlay.png")
+    doc = {
+        "image": str(args.image),
+        "height": int(image.shape[0]),
+        "width": int(image.shape[1]),
+        "annotations": annotations,
+    }
+    (out / "annotations.json").write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    print(f"{len(records)} masks -> {out}/masks/, overlay.png, annotations.json (COCO RLE)")
+    return 0
+
+
+def _coco_rle(mask: np.ndarray) -> dict:
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
+def _jsonable(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
+
+
+def cmd_align(args) -> int:
+    from .align.reference import import_reference
+
+    torch, segment_anything = import_reference()
+    from .align.sam_v1 import align_sam
+    from .convert.checkpoint import load_sam
+    from .predict.io import load_image
+
+    ref = segment_anything.sam_model_registry[args.model_type](checkpoint=args.torch_checkpoint)
+    ref.eval()
+    ours = load_sam(args.checkpoint or args.torch_checkpoint, args.model_type)
+    image = load_image(args.image) if args.image else None
+    report = align_sam(ref, ours, image)
+    print(report.to_json() if args.json else report.format_table())
+    return 0 if report.passed else 1
+
+
+def cmd_random_checkpoint(args) -> int:
+    from safetensors.numpy import save_file
+
+    from .convert.sam_v1 import random_official_state_dict
+    from .models.build_sam import SAM_SPECS
+
+    dst = Path(args.output)
+    if dst.exists() and not args.overwrite:
+        raise FileExistsError(f"{dst} exists; pass --overwrite to replace it")
+    if dst.suffix != ".safetensors":
+        raise ValueError(f"output must end in .safetensors: {dst}")
+    save_file(random_official_state_dict(SAM_SPECS[args.model_type], args.seed), str(dst))
+    print(f"random {args.model_type} weights (official layout, NOT a trained model) -> {dst}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .models.build_sam import SAM_SPECS
+
+    types = sorted(SAM_SPECS)
+    p = argparse.ArgumentParser(prog="paddle-sam", description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="convert an official SAM checkpoint to .pdparams (no torch needed)")
+    c.add_argument("src", help="official .pth (zip or legacy) or .safetensors (official or HF layout)")
+    c.add_argument("dst", help="output .pdparams (a .json sidecar is written next to it)")
+    c.add_argument("--model-type", choices=types, default=None, help="default: detected from the weights")
+    c.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    c.add_argument("--quiet", action="store_true", help="no progress bars")
+    c.set_defaults(func=cmd_convert)
+
+    def model_args(q):
+        q.add_argument("--checkpoint", default=None, help="converted .pdparams (or an official file)")
+        q.add_argument("--model-type", choices=types, default=None,
+                       help="default: from the checkpoint's sidecar or its weights")
+
+    s = sub.add_parser("segment", help="segment one object from points and/or a box")
+    s.add_argument("image")
+    s.add_argument("--point", type=_point, action="append", default=[], metavar="X,Y[,LABEL]",
+                   help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background")
+    s.add_argument("--box", type=_box, default=None, metavar="X0,Y0,X1,Y1")
+    mm = s.add_mutually_exclusive_group()
+    mm.add_argument("--multimask", dest="multimask", action="store_true", default=None,
+                    help="predict 3 masks and keep the best (default for a single point)")
+    mm.add_argument("--single-mask", dest="multimask", action="store_false")
+    s.add_argument("-o", "--output", required=True, help="output folder")
+    s.add_argument("--overwrite", action="store_true")
+    model_args(s)
+    s.set_defaults(func=cmd_segment)
+
+    e = sub.add_parser("everything", help="automatic mask generation over a point grid")
+    e.add_argument("image")
+    e.add_argument("-o", "--output", required=True, help="output folder")
+    e.add_argument("--overwrite", action="store_true")
+    e.add_argument("--points-per-side", type=int, default=32)
+    e.add_argument("--points-per-batch", type=int, default=64)
+    e.add_argument("--pred-iou-thresh", type=float, default=0.88)
+    e.add_argument("--stability-score-thresh", type=float, default=0.95)
+    e.add_argument("--box-nms-thresh", type=float, default=0.7)
+    e.add_argument("--crop-n-layers", type=int, default=0)
+    e.add_argument("--min-mask-region-area", type=int, default=0)
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    model_args(e)
+    e.set_defaults(func=cmd_everything)
+
+    a = sub.add_parser("align", help="per-module comparison against official segment-anything "
+                       "(needs the torch extra)")
+    a.add_argument("--model-type", choices=types, required=True)
+    a.add_argument("--torch-checkpoint", required=True, help="official .pth")
+    a.add_argument("--checkpoint", default=None,
+                   help="converted .pdparams to test (default: convert the .pth in memory)")
+    a.add_argument("--image", default=None, help="default: a fixed synthetic image")
+    a.add_argument("--json", action="store_true", help="machine-readable output")
+    a.set_defaults(func=cmd_align)
+
+    r = sub.add_parser("random-checkpoint", help="random weights in the official layout "
+                       "(.safetensors) for demos and tests; NOT a trained model")
+    r.add_argument("--model-type", choices=types, default="vit_b")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("-o", "--output", required=True)
+    r.add_argument("--overwrite", action="store_true")
+    r.set_defaults(func=cmd_random_checkpoint)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from . import set_num_threads
+    from .convert.torch_reader import CheckpointError
+
+    if args.threads is not None:
+        set_num_threads(args.threads)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return args.func(args)
+    except (*USER_ERRORS, CheckpointError) as exc:
+        msg = str(exc) if not isinstance(exc, KeyError) else f"missing key {exc}"
+        print(f"paddle-sam {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

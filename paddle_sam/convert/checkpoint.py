@@ -1,0 +1,220 @@
+"""Convert official SAM v1 checkpoints to ``.pdparams`` and load them strictly.
+
+``convert_checkpoint`` reads ``.pth`` (zip or legacy) and ``.safetensors`` files without
+torch and without running pickled code, maps every key (official or HF layout), transposes
+Linear weights, upcasts to float32 and writes a ``.pdparams`` file plus a JSON sidecar
+(``<dst>.json``: model type, spec, source sha256, converter version).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import paddle
+from tqdm import tqdm
+
+from ..models.build_sam import SAM_SPECS, SamSpec, build_sam
+from ..models.sam import Sam
+from . import sam_v1
+from .torch_reader import CheckpointError, CheckpointFormatError, load_state_dict
+
+CONVERTER_VERSION = "1"
+PADDLE_SUFFIX = ".pdparams"
+
+
+def sidecar_path(dst: str | os.PathLike) -> Path:
+    """``model.pdparams`` -> ``model.pdparams.json``."""
+    dst = Path(dst)
+    return dst.with_name(dst.name + ".json")
+
+
+def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
+    path = Path(path)
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f, tqdm(
+        total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}",
+        disable=not progress or size < (100 << 20),
+    ) as bar:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tuple[str, SamSpec]:
+    """The (name, spec) to use: the given type, checked against the weights if any."""
+    detected = None
+    if state_dict is not None:
+        official = sam_v1.hf_to_official(state_dict) if sam_v1.is_hf_layout(set(state_dict)) else state_dict
+        try:
+            detected = sam_v1.detect_model_type(official)
+        except sam_v1.CheckpointMismatchError:
+            if model_type is None:
+                raise
+    if model_type is None:
+        model_type = detected
+    if model_type == "default":
+        model_type = "vit_h"
+    if model_type not in SAM_SPECS:
+        raise ValueError(f"unknown model type {model_type!r}; choose from {sorted(SAM_SPECS)}")
+    if detected is not None and detected != model_type:
+        raise sam_v1.CheckpointMismatchError(
+            f"--model-type {model_type} does not match the checkpoint, which looks like {detected}"
+        )
+    return model_type, SAM_SPECS[model_type]
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    model_type: str | None = None,
+    *,
+    spec: SamSpec | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Convert ``src`` (official/HF SAM v1, .pth or .safetensors) to ``dst`` (.pdparams).
+
+    ``model_type`` (vit_b / vit_l / vit_h) is detected from the weights when omitted; give
+    ``spec`` instead for a custom size. Refuses to overwrite ``dst`` unless ``overwrite``.
+    Returns the sidecar metadata that was written next to ``dst``.
+    """
+    src, dst = Path(src), Path(dst)
+    if not src.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {src}")
+    if dst.suffix != PADDLE_SUFFIX:
+        raise ValueError(f"output must end in {PADDLE_SUFFIX}: {dst}")
+    if dst.resolve() == src.resolve():
+        raise ValueError(f"output {dst} is the input file; choose another name")
+    side = sidecar_path(dst)
+    if not overwrite:
+        for p in (dst, side):
+            if p.exists():
+                raise FileExistsError(f"{p} exists; pass overwrite=True (--overwrite) to replace it")
+    state = load_state_dict(src, progress=progress)
+    layout = "hf" if sam_v1.is_hf_layout(set(state)) else "official"
+    if spec is None:
+        model_type, spec = resolve_spec(model_type, state)
+    else:
+        model_type = model_type or "custom"
+    converted = sam_v1.convert_state_dict(state, spec)
+    del state
+    meta = {
+        "format": "paddle-sam/sam_v1",
+        "model_type": model_type,
+        "spec": spec.to_dict(),
+        "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": layout},
+        "converter_version": CONVERTER_VERSION,
+        "paddle_version": paddle.__version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    save_pdparams(converted, dst, meta)
+    return meta
+
+
+def save_pdparams(state: dict[str, np.ndarray], dst: str | os.PathLike, meta: dict) -> None:
+    """Write weights and sidecar atomically (temporary files, then rename)."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp{PADDLE_SUFFIX}")
+    side, side_tmp = sidecar_path(dst), sidecar_path(tmp)
+    try:
+        paddle.save({k: paddle.to_tensor(v) for k, v in state.items()}, str(tmp))
+        side_tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        os.replace(tmp, dst)
+        os.replace(side_tmp, side)
+    finally:
+        for p in (tmp, side_tmp):
+            p.unlink(missing_ok=True)
+
+
+def read_sidecar(path: str | os.PathLike) -> dict | None:
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    try:
+        return json.loads(side.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointFormatError(f"sidecar {side} is not valid JSON: {exc}") from exc
+
+
+def read_weights(path: str | os.PathLike, spec: SamSpec) -> dict[str, np.ndarray]:
+    """Paddle-layout float32 weights for ``spec`` from a .pdparams or an official file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix != PADDLE_SUFFIX:
+        # an official .pth / .safetensors: convert in memory, with the same strict checks
+        return sam_v1.convert_state_dict(load_state_dict(path), spec)
+    try:
+        state = paddle.load(str(path), return_numpy=True)
+    except Exception as exc:  # paddle raises many types for damaged files
+        raise CheckpointFormatError(f"cannot read {path}: not a valid .pdparams file ({exc})") from exc
+    if not isinstance(state, dict):
+        raise CheckpointFormatError(f"{path} does not hold a state dict (got {type(state).__name__})")
+    return state
+
+
+def load_sam_weights(model: Sam, path: str | os.PathLike) -> None:
+    """Load weights into ``model`` strictly: every key present, nothing extra, shapes equal."""
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise ValueError("model has no .spec; build it with paddle_sam.build_sam(spec)")
+    state = read_weights(path, spec)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    wrong = [
+        f"{k}: file {list(np.shape(state[k]))}, model {list(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(np.shape(state[k])) != tuple(v.shape)
+    ]
+    if missing or extra or wrong:
+        raise sam_v1.CheckpointMismatchError(
+            f"{path}: " + sam_v1._mismatch_message(missing, extra, wrong)
+        )
+    model.set_state_dict({k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()})
+
+
+def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sam:
+    """Build and load a model from a checkpoint, taking its size from the sidecar if present.
+
+    Without a sidecar the size is ``model_type`` or, for official files, detected.
+    """
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    meta = read_sidecar(checkpoint)
+    if meta is not None and "spec" in meta:
+        spec = SamSpec.from_dict(meta["spec"])
+        if model_type not in (None, meta.get("model_type")):
+            raise ValueError(
+                f"--model-type {model_type} does not match {checkpoint}, converted as "
+                f"{meta.get('model_type')}"
+            )
+    elif model_type is not None:
+        _, spec = resolve_spec(model_type)
+    elif checkpoint.suffix != PADDLE_SUFFIX:
+        _, spec = resolve_spec(None, load_state_dict(checkpoint))
+    else:
+        raise ValueError(
+            f"{checkpoint} has no sidecar {sidecar_path(checkpoint).name}; pass the model type"
+        )
+    return build_sam(spec, checkpoint)
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointFormatError",
+    "convert_checkpoint",
+    "load_sam",
+    "load_sam_weights",
+    "read_sidecar",
+    "sidecar_path",
+]

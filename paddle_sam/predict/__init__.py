@@ -1,0 +1,1 @@
+"""Predictors: numpy in, numpy out, the image embedding cached across prompts."""

@@ -1,0 +1,89 @@
+"""Image files in, mask files out: loading with clear errors, mask PNGs and overlays."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
+
+# well above any camera image, well below what would exhaust memory on a small machine
+MAX_IMAGE_PIXELS = 100_000_000
+
+
+def load_image(path: str | os.PathLike, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Read an image file as H x W x 3 uint8 RGB, honouring EXIF orientation.
+
+    Grayscale, palette and CMYK images are converted to RGB; RGBA loses its alpha channel
+    (a warning says so); 16-bit images are scaled to 8 bits (a warning says so).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                if im.width * im.height > max_pixels:
+                    raise ValueError(
+                        f"{path}: {im.width}x{im.height} pixels is above the limit of "
+                        f"{max_pixels} pixels"
+                    )
+                im.load()
+                im = ImageOps.exif_transpose(im)
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ValueError(f"{path}: not a readable image ({exc})") from exc
+    except OSError as exc:  # truncated or damaged files
+        raise ValueError(f"{path}: damaged or truncated image ({exc})") from exc
+    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+        arr = np.asarray(im).astype(np.float64)
+        top = 65535.0 if arr.max(initial=0) > 255 or im.mode.startswith("I;16") else 255.0
+        warnings.warn(f"{path}: {im.mode} image scaled to 8 bits", stacklevel=2)
+        arr = np.clip(np.round(arr * 255.0 / top), 0, 255).astype(np.uint8)
+        return np.repeat(arr[..., None], 3, axis=2)
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        warnings.warn(f"{path}: alpha channel dropped", stacklevel=2)
+    if im.mode == "F":
+        raise ValueError(f"{path}: floating-point images are not supported; save it as 8-bit")
+    return np.asarray(im.convert("RGB"))
+
+
+def save_mask_png(mask: np.ndarray, path: str | os.PathLike) -> None:
+    """H x W bool mask -> 8-bit PNG (255 inside, 0 outside)."""
+    Image.fromarray(np.asarray(mask, dtype=bool).astype(np.uint8) * 255).save(path)
+
+
+def _palette(n: int, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(40, 256, size=(max(n, 1), 3)).astype(np.float64)
+
+
+def overlay(
+    image: np.ndarray,
+    masks: list[np.ndarray],
+    alpha: float = 0.5,
+    points: np.ndarray | None = None,
+    labels: np.ndarray | None = None,
+    boxes: np.ndarray | None = None,
+    captions: list[str] | None = None,
+) -> Image.Image:
+    """Blend coloured masks over the image and draw prompts (green +, red -) and boxes."""
+    out = image.astype(np.float64).copy()
+    colors = _palette(len(masks)) if len(masks) > 1 else np.array([[30.0, 144.0, 255.0]])
+    for mask, color in zip(masks, colors):
+        m = np.asarray(mask, dtype=bool)
+        out[m] = (1 - alpha) * out[m] + alpha * color
+    pil = Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(pil)
+    r = max(3, round(0.008 * max(image.shape[:2])))
+    for i, (x, y) in enumerate(np.asarray(points if points is not None else np.zeros((0, 2)))):
+        fg = labels is None or labels[i] == 1
+        draw.ellipse([x - r, y - r, x + r, y + r], fill=(0, 200, 0) if fg else (220, 0, 0),
+                     outline=(255, 255, 255))
+    for i, b in enumerate(np.asarray(boxes if boxes is not None else np.zeros((0, 4)))):
+        draw.rectangle(list(map(float, b)), outline=(0, 255, 0), width=max(2, r // 2))
+        if captions and i < len(captions):
+            draw.text((float(b[0]) + 3, float(b[1]) + 2), captions[i], fill=(255, 255, 255))
+    return pil
