@@ -164,9 +164,14 @@ class Attention(nn.Layer):
             attn = paddle.matmul(q_aug, k_aug, transpose_y=True)
         else:
             attn = paddle.matmul(q * self.scale, k, transpose_y=True)
-        attn = F.softmax(attn, axis=-1)
+        # in place when no gradient is needed: saves a pass over the largest tensor
+        attn = F.softmax(attn, axis=-1) if _needs_grad(attn) else F.softmax_(attn, axis=-1)
         x = paddle.matmul(attn, v).reshape([-1, nh, H * W, hd]).transpose([0, 2, 1, 3])
         return self.proj(x.reshape([-1, H, W, C]))
+
+
+def _needs_grad(x: paddle.Tensor) -> bool:
+    return paddle.in_dynamic_mode() and paddle.is_grad_enabled() and not x.stop_gradient
 
 
 def window_partition(

@@ -1,0 +1,61 @@
+"""Paired models for parity tests: the official torch SAM and ours with identical weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from paddle_sam.models.build_sam import SamSpec, build_sam
+
+# window 5 on a 16x16 grid: padding in every windowed block; one global block
+TINY = SamSpec(
+    encoder_embed_dim=64,
+    encoder_depth=3,
+    encoder_num_heads=2,
+    encoder_global_attn_indexes=(1,),
+    image_size=256,
+    window_size=5,
+    prompt_embed_dim=32,
+    decoder_mlp_dim=64,
+    decoder_num_heads=2,
+    iou_head_hidden_dim=32,
+)
+# windows that tile the grid exactly, patch 8, more heads, two global blocks, deeper decoder
+TINY_B = SamSpec(
+    encoder_embed_dim=48,
+    encoder_depth=4,
+    encoder_num_heads=3,
+    encoder_global_attn_indexes=(1, 3),
+    image_size=128,
+    vit_patch_size=8,
+    window_size=4,
+    prompt_embed_dim=48,
+    mask_in_chans=8,
+    decoder_depth=3,
+    decoder_mlp_dim=96,
+    decoder_num_heads=4,
+    iou_head_depth=2,
+    iou_head_hidden_dim=24,
+)
+
+
+def make_pair(spec: SamSpec, seed: int = 0, scale: float = 0.1):
+    """(torch_sam, paddle_sam) with the same perturbed random weights."""
+    import torch
+
+    from paddle_sam.align.reference import build_reference_sam, numpy_state_dict, perturb_weights_
+    from paddle_sam.convert.sam_v1 import convert_state_dict
+
+    torch.manual_seed(seed)
+    ref = build_reference_sam(spec)
+    perturb_weights_(ref, seed, scale)
+    ours = build_sam(spec)
+    state = convert_state_dict(numpy_state_dict(ref), spec)
+    ours.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+    return ref, ours
+
+
+def image(h: int, w: int, seed: int = 0) -> np.ndarray:
+    from paddle_sam.align.sam_v1 import default_image
+
+    return default_image(h, w, seed)
