@@ -36,6 +36,7 @@ def test_every_module_aligned(pair, hw):
     for case in ["point", "points", "box", "box+neg", "refine"]:
         masks = report.row(f"[{case}] masks")
         assert masks.agreement == 1.0, f"{case}: {masks}"
+        assert masks.coverage is not None
         assert report.row(f"[{case}] iou_predictions").max_abs < 1e-5
 
 

@@ -27,6 +27,7 @@ class AlignRow:
     mean_abs: float
     passed: bool
     agreement: float | None = None  # for boolean masks: fraction of equal pixels
+    coverage: float | None = None  # for boolean masks: fraction of reference pixels inside
 
 
 @dataclass
@@ -84,7 +85,7 @@ def compare(module: str, ref: np.ndarray, ours: np.ndarray) -> AlignRow:
         diff = (ref != ours).astype(np.float64)
         return AlignRow(
             module, ref.shape, agreement, float(diff.max(initial=0.0)), float(diff.mean()),
-            agreement >= MASK_AGREEMENT, agreement,
+            agreement >= MASK_AGREEMENT, agreement, float(ref.mean()) if ref.size else 0.0,
         )
     a, b = ref.astype(np.float64).ravel(), ours.astype(np.float64).ravel()
     diff = np.abs(a - b)

@@ -1,0 +1,57 @@
+"""Importing paddle_sam gives the fast CPU path, without overriding a user's choices."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+PROBE = (
+    "import json, os, paddle_sam, paddle\n"
+    "from paddle_sam._runtime import get_num_threads\n"
+    "print(json.dumps({'mkl': get_num_threads(),"
+    " 'stride': paddle.get_flags(['FLAGS_use_stride_kernel'])['FLAGS_use_stride_kernel'],"
+    " 'mkl_cpu_type': os.environ.get('MKL_DEBUG_CPU_TYPE')}))\n"
+)
+
+
+def probe(**env_overrides) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
+                        "PADDLE_SAM_NO_CPU_TUNING")}
+    env.update(env_overrides)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _is_amd() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return "AuthenticAMD" in f.read()
+
+
+def test_defaults_use_every_core_and_fast_transposes():
+    got = probe()
+    assert got["mkl"] == len(os.sched_getaffinity(0))
+    assert got["stride"] is False
+    assert got["mkl_cpu_type"] == ("5" if _is_amd() else None)
+
+
+def test_user_settings_win():
+    got = probe(OMP_NUM_THREADS="1", FLAGS_use_stride_kernel="1", MKL_DEBUG_CPU_TYPE="6")
+    assert got == {"mkl": 1, "stride": True, "mkl_cpu_type": "6"}
+
+
+def test_opt_out():
+    got = probe(PADDLE_SAM_NO_CPU_TUNING="1")
+    assert got["mkl"] == 1 and got["stride"] is True
+
+
+def test_set_num_threads_validates():
+    import pytest
+
+    from paddle_sam import set_num_threads
+
+    with pytest.raises(ValueError, match=">= 1"):
+        set_num_threads(0)
