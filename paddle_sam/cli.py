@@ -22,25 +22,48 @@ def _floats(text: str, n: tuple[int, ...], what: str) -> list[float]:
     try:
         vals = [float(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{what} must be numbers separated by commas: {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"{what} must be numbers separated by commas: {text!r}"
+        ) from None
     if len(vals) not in n:
-        raise argparse.ArgumentTypeError(f"{what} needs {' or '.join(map(str, n))} values: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"{what} needs {' or '.join(map(str, n))} values: {text!r}"
+        )
     return vals
 
 
 def _point(text: str) -> list[float]:
     vals = _floats(text, (2, 3), "--point X,Y[,LABEL]")
     if len(vals) == 3 and vals[2] not in (0.0, 1.0):
-        raise argparse.ArgumentTypeError(f"point label must be 1 (foreground) or 0 (background): {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"point label must be 1 (foreground) or 0 (background): {text!r}"
+        )
     return vals if len(vals) == 3 else vals + [1.0]
 
 
 def _box(text: str) -> list[float]:
-    return _floats(text, (4,), "--box X0,Y0,X1,Y1")
+    vals = _floats(text, (4,), "--box X0,Y0,X1,Y1")
+    if vals[2] < vals[0] or vals[3] < vals[1]:
+        raise argparse.ArgumentTypeError(f"box needs x0 <= x1 and y0 <= y1: {text!r}")
+    return vals
+
+
+def _check_prompts(points: list[list[float]], box: list[float] | None, image: np.ndarray) -> None:
+    """Prompts must lie inside the image; checked before the (slow) model is loaded."""
+    h, w = image.shape[:2]
+    for name, xy in [("--point", p[:2]) for p in points] + (
+        [("--box corner", box[:2]), ("--box corner", box[2:])] if box is not None else []
+    ):
+        if not (0 <= xy[0] <= w and 0 <= xy[1] <= h):
+            raise ValueError(
+                f"{name} ({xy[0]:g}, {xy[1]:g}) lies outside the image (width {w}, height {h})"
+            )
 
 
 def _prepare_out(out: Path, names: list[str], overwrite: bool) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    """Refuse to replace existing outputs; the folder itself is made when writing."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output {out} exists and is not a folder")
     clash = [n for n in names if (out / n).exists()]
     if clash and not overwrite:
         raise FileExistsError(
@@ -80,8 +103,11 @@ def cmd_segment(args) -> int:
     if not args.point and args.box is None:
         raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
     image = load_image(args.image)
+    _check_prompts(args.point, args.box, image)
     out = Path(args.output)
-    multimask = args.multimask if args.multimask is not None else (len(args.point) == 1 and args.box is None)
+    multimask = args.multimask
+    if multimask is None:  # upstream's advice: several masks for one ambiguous point
+        multimask = len(args.point) == 1 and args.box is None
     names = ["mask.png", "overlay.png", "result.json"]
     if multimask:
         names += [f"mask_{i}.png" for i in range(3)]
@@ -98,6 +124,10 @@ def cmd_segment(args) -> int:
     masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=multimask)
     t_decode = time.perf_counter() - t
     best = int(np.argmax(scores))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.overwrite and not multimask:  # an overwritten multimask run's masks would linger
+        for i in range(3):
+            (out / f"mask_{i}.png").unlink(missing_ok=True)
     save_mask_png(masks[best], out / "mask.png")
     if multimask:
         for i, m in enumerate(masks):
@@ -140,7 +170,9 @@ def cmd_everything(args) -> int:
         progress=not args.quiet,
     )
     records = generator.generate(image)
-    (out / "masks").mkdir(exist_ok=True)
+    (out / "masks").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "masks").glob("[0-9][0-9][0-9][0-9].png"):  # from an overwritten run
+        stale.unlink()
     annotations = []
     for i, r in enumerate(records):
         save_mask_png(r["segmentation"], out / "masks" / f"{i:04d}.png")
@@ -203,6 +235,7 @@ def cmd_random_checkpoint(args) -> int:
         raise FileExistsError(f"{dst} exists; pass --overwrite to replace it")
     if dst.suffix != ".safetensors":
         raise ValueError(f"output must end in .safetensors: {dst}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
     save_file(random_official_state_dict(SAM_SPECS[args.model_type], args.seed), str(dst))
     print(f"random {args.model_type} weights (official layout, NOT a trained model) -> {dst}")
     return 0
@@ -216,16 +249,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("convert", help="convert an official SAM checkpoint to .pdparams (no torch needed)")
-    c.add_argument("src", help="official .pth (zip or legacy) or .safetensors (official or HF layout)")
+    c = sub.add_parser(
+        "convert", help="convert an official SAM checkpoint to .pdparams (no torch needed)"
+    )
+    c.add_argument(
+        "src", help="official .pth (zip or legacy) or .safetensors (official or HF layout)"
+    )
     c.add_argument("dst", help="output .pdparams (a .json sidecar is written next to it)")
-    c.add_argument("--model-type", choices=types, default=None, help="default: detected from the weights")
+    c.add_argument(
+        "--model-type", choices=types, default=None, help="default: detected from the weights"
+    )
     c.add_argument("--overwrite", action="store_true", help="replace an existing output")
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=cmd_convert)
 
     def model_args(q):
-        q.add_argument("--checkpoint", default=None, help="converted .pdparams (or an official file)")
+        q.add_argument(
+            "--checkpoint", default=None, help="converted .pdparams (or an official file)"
+        )
         q.add_argument("--model-type", choices=types, default=None,
                        help="default: from the checkpoint's sidecar or its weights")
 
@@ -284,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import set_num_threads
     from .convert.torch_reader import CheckpointError
 
-    if args.threads is not None:
-        set_num_threads(args.threads)
     try:
+        if args.threads is not None:
+            set_num_threads(args.threads)
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             return args.func(args)

@@ -34,8 +34,9 @@ class LayerNorm2d(nn.Layer):
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         u = x.mean(1, keepdim=True)
-        s = (x - u).pow(2).mean(1, keepdim=True)
-        x = (x - u) / paddle.sqrt(s + self.eps)
+        d = x - u
+        s = (d * d).mean(1, keepdim=True)  # d * d: Paddle's pow is several times slower on CPU
+        x = d / paddle.sqrt(s + self.eps)
         return self.weight[:, None, None] * x + self.bias[:, None, None]
 
 
