@@ -97,7 +97,10 @@ def set_num_threads(n: int) -> None:
 
     paddle.base.core.set_num_threads(n)
     libs = Path(paddle.__file__).parent / "libs"
-    for name, fn in (("libmklml_intel.so", "MKL_Set_Num_Threads"), ("libiomp5.so", "omp_set_num_threads")):
+    for name, fn in (
+        ("libmklml_intel.so", "MKL_Set_Num_Threads"),
+        ("libiomp5.so", "omp_set_num_threads"),
+    ):
         lib = _load(libs / name)
         if lib is not None and hasattr(lib, fn):
             getattr(lib, fn)(n)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -59,7 +58,9 @@ def test_prompts(report, case):
 
 def test_masks_are_not_trivial(report):
     """Agreement on empty or full masks would prove nothing."""
-    cover = [report.row(f"[{c}] masks").coverage for c in ["point", "points", "box", "box+neg", "refine"]]
+    cover = [
+        report.row(f"[{c}] masks").coverage for c in ["point", "points", "box", "box+neg", "refine"]
+    ]
     assert any(0.01 < c < 0.99 for c in cover), cover
 
 

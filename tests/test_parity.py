@@ -21,7 +21,9 @@ def pair(request):
     return make_pair(spec, seed=1)
 
 
-@pytest.mark.parametrize("hw", [(200, 300), (300, 170), (64, 64)], ids=["landscape", "portrait", "small-square"])
+@pytest.mark.parametrize(
+    "hw", [(200, 300), (300, 170), (64, 64)], ids=["landscape", "portrait", "small-square"]
+)
 def test_every_module_aligned(pair, hw):
     ref, ours = pair
     report = align_sam(ref, ours, image(*hw, seed=hw[0]))
@@ -29,8 +31,15 @@ def test_every_module_aligned(pair, hw):
     # every module of the encoder and decoder was compared, per case
     modules = {r.module.split("] ")[-1].split("[")[0] for r in report.rows}
     depth = len(ours.image_encoder.blocks)
-    for name in ["image_encoder.patch_embed", "image_encoder.neck", "prompt_encoder",
-                 "mask_decoder.transformer", "mask_decoder", "masks", "iou_predictions"]:
+    for name in [
+        "image_encoder.patch_embed",
+        "image_encoder.neck",
+        "prompt_encoder",
+        "mask_decoder.transformer",
+        "mask_decoder",
+        "masks",
+        "iou_predictions",
+    ]:
         assert name in modules
     assert all(f"image_encoder.blocks.{i}" in modules for i in range(depth))
     for case in ["point", "points", "box", "box+neg", "refine"]:
@@ -90,16 +99,28 @@ def test_batched_predict_paddle_matches_predict_torch(pair):
         tp.set_image(img)
     pp.set_image(img)
     boxes = np.array([[10, 20, 120, 150], [100, 30, 250, 170], [0, 0, 259, 179]], dtype=np.float64)
-    pts = np.array([[[50, 60], [70, 80]], [[150, 90], [200, 40]], [[10, 10], [250, 170]]], dtype=np.float64)
+    pts = np.array(
+        [[[50, 60], [70, 80]], [[150, 90], [200, 40]], [[10, 10], [250, 170]]], dtype=np.float64
+    )
     labels = np.array([[1, 0], [1, 1], [0, 1]])
     tb = tp.transform.apply_boxes(boxes, tp.original_size)
     tc = tp.transform.apply_coords(pts, tp.original_size)
     for multimask in (True, False):
         with torch.no_grad():
-            mt, it, lt = tp.predict_torch(torch.as_tensor(tc, dtype=torch.float), torch.as_tensor(labels),
-                                          torch.as_tensor(tb, dtype=torch.float), None, multimask)
-        mp, ip, lp = pp.predict_paddle(paddle.to_tensor(tc, dtype="float32"), paddle.to_tensor(labels),
-                                       paddle.to_tensor(tb, dtype="float32"), None, multimask)
+            mt, it, lt = tp.predict_torch(
+                torch.as_tensor(tc, dtype=torch.float),
+                torch.as_tensor(labels),
+                torch.as_tensor(tb, dtype=torch.float),
+                None,
+                multimask,
+            )
+        mp, ip, lp = pp.predict_paddle(
+            paddle.to_tensor(tc, dtype="float32"),
+            paddle.to_tensor(labels),
+            paddle.to_tensor(tb, dtype="float32"),
+            None,
+            multimask,
+        )
         assert tuple(mp.shape) == tuple(mt.shape)
         assert (mp.numpy() == mt.numpy()).mean() >= 0.9999
         np.testing.assert_allclose(ip.numpy(), it.numpy(), atol=1e-5)
@@ -119,23 +140,39 @@ def test_sam_forward_batched(pair):
         img = tr.apply_image(image(h, w, seed=i))
         coords = tr.apply_coords(rng.uniform(0, [w, h], size=(2, 3, 2)), (h, w))
         labels = np.array([[1, 0, 1], [1, 1, 0]])
-        boxes = tr.apply_boxes(np.array([[5, 5, w / 2, h / 2], [w / 3, h / 3, w - 1, h - 1]]), (h, w))
+        boxes = tr.apply_boxes(
+            np.array([[5, 5, w / 2, h / 2], [w / 3, h / 3, w - 1, h - 1]]), (h, w)
+        )
         mask_in = rng.normal(size=(2, 1, *ours.prompt_encoder.mask_input_size)).astype(np.float32)
         common = dict(original_size=(h, w))
-        batch_t.append(dict(image=torch.as_tensor(img).permute(2, 0, 1).contiguous(),
-                            point_coords=torch.as_tensor(coords, dtype=torch.float),
-                            point_labels=torch.as_tensor(labels), boxes=torch.as_tensor(boxes, dtype=torch.float),
-                            mask_inputs=torch.as_tensor(mask_in), **common))
-        batch_p.append(dict(image=paddle.to_tensor(img).transpose([2, 0, 1]),
-                            point_coords=paddle.to_tensor(coords, dtype="float32"),
-                            point_labels=paddle.to_tensor(labels), boxes=paddle.to_tensor(boxes, dtype="float32"),
-                            mask_inputs=paddle.to_tensor(mask_in), **common))
+        batch_t.append(
+            dict(
+                image=torch.as_tensor(img).permute(2, 0, 1).contiguous(),
+                point_coords=torch.as_tensor(coords, dtype=torch.float),
+                point_labels=torch.as_tensor(labels),
+                boxes=torch.as_tensor(boxes, dtype=torch.float),
+                mask_inputs=torch.as_tensor(mask_in),
+                **common,
+            )
+        )
+        batch_p.append(
+            dict(
+                image=paddle.to_tensor(img).transpose([2, 0, 1]),
+                point_coords=paddle.to_tensor(coords, dtype="float32"),
+                point_labels=paddle.to_tensor(labels),
+                boxes=paddle.to_tensor(boxes, dtype="float32"),
+                mask_inputs=paddle.to_tensor(mask_in),
+                **common,
+            )
+        )
     with torch.no_grad():
         out_t = ref(batch_t, multimask_output=True)
     out_p = ours(batch_p, multimask_output=True)
-    for ot, op in zip(out_t, out_p):
+    for ot, op in zip(out_t, out_p, strict=True):
         assert (ot["masks"].numpy() == op["masks"].numpy()).mean() >= 0.9999
-        np.testing.assert_allclose(op["iou_predictions"].numpy(), ot["iou_predictions"].numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            op["iou_predictions"].numpy(), ot["iou_predictions"].numpy(), atol=1e-5
+        )
         assert compare("low", ot["low_res_logits"].numpy(), op["low_res_logits"].numpy()).passed
 
 

@@ -42,7 +42,9 @@ def test_outputs_shapes_dtypes(predictor):
     assert logits.dtype == np.float32
     np.testing.assert_array_equal(logits > 0.0, m)
     # refinement with the previous low-res logits
-    m2, _, _ = predictor.predict(np.array([[40, 50]]), np.array([1]), mask_input=lr[np.argmax(s)][None])
+    m2, _, _ = predictor.predict(
+        np.array([[40, 50]]), np.array([1]), mask_input=lr[np.argmax(s)][None]
+    )
     assert m2.shape == (3, 120, 160)
 
 
@@ -53,7 +55,9 @@ def test_bgr_equals_flipped_rgb():
     img = image(90, 70)
     p1.set_image(img)
     p2.set_image(np.ascontiguousarray(img[..., ::-1]), image_format="BGR")
-    np.testing.assert_array_equal(p1.get_image_embedding().numpy(), p2.get_image_embedding().numpy())
+    np.testing.assert_array_equal(
+        p1.get_image_embedding().numpy(), p2.get_image_embedding().numpy()
+    )
 
 
 def test_reset_image(predictor):
@@ -138,7 +142,12 @@ def test_drop_in_names():
     assert set(sam_model_registry) == {"default", "vit_h", "vit_l", "vit_b"}
     sig = inspect.signature(SamPredictor.predict)
     assert list(sig.parameters)[1:] == [
-        "point_coords", "point_labels", "box", "mask_input", "multimask_output", "return_logits"
+        "point_coords",
+        "point_labels",
+        "box",
+        "mask_input",
+        "multimask_output",
+        "return_logits",
     ]
     assert sig.parameters["multimask_output"].default is True
     assert SamPredictor.predict_torch is SamPredictor.predict_paddle

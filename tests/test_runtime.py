@@ -17,12 +17,21 @@ PROBE = (
 
 
 def probe(**env_overrides) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
-                        "PADDLE_SAM_NO_CPU_TUNING")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "OMP_NUM_THREADS",
+            "MKL_DEBUG_CPU_TYPE",
+            "FLAGS_use_stride_kernel",
+            "PADDLE_SAM_NO_CPU_TUNING",
+        )
+    }
     env.update(env_overrides)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

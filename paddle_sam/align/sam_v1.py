@@ -84,8 +84,14 @@ def compare(module: str, ref: np.ndarray, ours: np.ndarray) -> AlignRow:
         agreement = float((ref == ours).mean()) if ref.size else 1.0
         diff = (ref != ours).astype(np.float64)
         return AlignRow(
-            module, ref.shape, agreement, float(diff.max(initial=0.0)), float(diff.mean()),
-            agreement >= MASK_AGREEMENT, agreement, float(ref.mean()) if ref.size else 0.0,
+            module,
+            ref.shape,
+            agreement,
+            float(diff.max(initial=0.0)),
+            float(diff.mean()),
+            agreement >= MASK_AGREEMENT,
+            agreement,
+            float(ref.mean()) if ref.size else 0.0,
         )
     a, b = ref.astype(np.float64).ravel(), ours.astype(np.float64).ravel()
     diff = np.abs(a - b)
@@ -94,7 +100,11 @@ def compare(module: str, ref: np.ndarray, ours: np.ndarray) -> AlignRow:
     denom = np.linalg.norm(a) * np.linalg.norm(b)
     cos = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
     return AlignRow(
-        module, ref.shape, cos, float(diff.max(initial=0.0)), float(diff.mean()) if a.size else 0.0,
+        module,
+        ref.shape,
+        cos,
+        float(diff.max(initial=0.0)),
+        float(diff.mean()) if a.size else 0.0,
         cos >= COS_THRESHOLD,
     )
 
@@ -173,12 +183,24 @@ def default_cases(height: int, width: int) -> list[tuple[str, dict[str, Any]]]:
     box = np.array([0.15 * w, 0.2 * h, 0.65 * w, 0.75 * h])
     return [
         ("point", dict(point_coords=pt, point_labels=np.array([1]), multimask_output=True)),
-        ("points", dict(point_coords=pts, point_labels=np.array([1, 1, 0]), multimask_output=False)),
+        (
+            "points",
+            dict(point_coords=pts, point_labels=np.array([1, 1, 0]), multimask_output=False),
+        ),
         ("box", dict(box=box, multimask_output=False)),
-        ("box+neg", dict(point_coords=pts[1:2], point_labels=np.array([0]), box=box,
-                         multimask_output=True)),
-        ("refine", dict(point_coords=pts[:2], point_labels=np.array([1, 1]),
-                        mask_input="previous", multimask_output=False)),
+        (
+            "box+neg",
+            dict(point_coords=pts[1:2], point_labels=np.array([0]), box=box, multimask_output=True),
+        ),
+        (
+            "refine",
+            dict(
+                point_coords=pts[:2],
+                point_labels=np.array([1, 1]),
+                mask_input="previous",
+                multimask_output=False,
+            ),
+        ),
     ]
 
 
@@ -212,8 +234,11 @@ def align_sam(
             ref.set_image(image)
         ours.set_image(image)
         report.rows.append(
-            compare("image_embedding", ref.get_image_embedding().numpy(),
-                    ours.get_image_embedding().numpy())
+            compare(
+                "image_embedding",
+                ref.get_image_embedding().numpy(),
+                ours.get_image_embedding().numpy(),
+            )
         )
         prev_t = prev_p = None
         for case, kwargs in cases:

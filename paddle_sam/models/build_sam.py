@@ -11,7 +11,6 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder

@@ -55,7 +55,7 @@ class MLP(nn.Layer):
         self.num_layers = num_layers
         h = [hidden_dim] * (num_layers - 1)
         self.layers = nn.LayerList(
-            nn.Linear(n, k) for n, k in zip([input_dim] + h, h + [output_dim])
+            nn.Linear(n, k) for n, k in zip([input_dim] + h, h + [output_dim], strict=True)
         )
         self.sigmoid_output = sigmoid_output
 

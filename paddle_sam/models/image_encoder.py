@@ -174,9 +174,7 @@ def _needs_grad(x: paddle.Tensor) -> bool:
     return paddle.in_dynamic_mode() and paddle.is_grad_enabled() and not x.stop_gradient
 
 
-def window_partition(
-    x: paddle.Tensor, window_size: int
-) -> tuple[paddle.Tensor, tuple[int, int]]:
+def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor, tuple[int, int]]:
     """B x H x W x C -> (B * num_windows) x ws x ws x C, zero-padding H and W up to ws multiples."""
     _, H, W, C = x.shape
     pad_h = (window_size - H % window_size) % window_size
@@ -264,9 +262,9 @@ def decomposed_rel_pos_qk(
     q_aug = paddle.concat([q * scale, rel_h, rel_w], axis=-1)
 
     key = paddle.arange(k_h * k_w, dtype="int64")
-    codes = paddle.concat(
-        [F.one_hot(key // k_w, k_h), F.one_hot(key % k_w, k_w)], axis=-1
-    ).astype(k.dtype)
+    codes = paddle.concat([F.one_hot(key // k_w, k_h), F.one_hot(key % k_w, k_w)], axis=-1).astype(
+        k.dtype
+    )
     k_aug = paddle.concat([k, codes.unsqueeze(0).expand([k.shape[0], -1, -1])], axis=-1)
     return q_aug, k_aug
 

@@ -60,9 +60,7 @@ class PromptEncoder(nn.Layer):
         points = points + 0.5  # shift to the centre of the pixel
         if pad:
             points = paddle.concat([points, paddle.zeros_like(points[:, :1, :])], axis=1)
-            labels = paddle.concat(
-                [labels, paddle.full_like(labels[:, :1], -1)], axis=1
-            )
+            labels = paddle.concat([labels, paddle.full_like(labels[:, :1], -1)], axis=1)
         pe = self.pe_layer.forward_with_coords(points, self.input_image_size)
         labels = labels.unsqueeze(-1)
 

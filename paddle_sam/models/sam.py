@@ -31,11 +31,13 @@ class Sam(nn.Layer):
         self.mask_decoder = mask_decoder
         # not part of the checkpoint (upstream registers them as non-persistent buffers)
         self.register_buffer(
-            "pixel_mean", paddle.to_tensor(pixel_mean, dtype="float32").reshape([-1, 1, 1]),
+            "pixel_mean",
+            paddle.to_tensor(pixel_mean, dtype="float32").reshape([-1, 1, 1]),
             persistable=False,
         )
         self.register_buffer(
-            "pixel_std", paddle.to_tensor(pixel_std, dtype="float32").reshape([-1, 1, 1]),
+            "pixel_std",
+            paddle.to_tensor(pixel_std, dtype="float32").reshape([-1, 1, 1]),
             persistable=False,
         )
 
@@ -54,7 +56,7 @@ class Sam(nn.Layer):
         input_images = paddle.stack([self.preprocess(x["image"]) for x in batched_input], axis=0)
         image_embeddings = self.image_encoder(input_images)
         outputs = []
-        for record, emb in zip(batched_input, image_embeddings):
+        for record, emb in zip(batched_input, image_embeddings, strict=True):
             points = None
             if "point_coords" in record:
                 points = (record["point_coords"], record["point_labels"])

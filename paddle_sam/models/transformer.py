@@ -46,9 +46,15 @@ class TwoWayTransformer(nn.Layer):
         self.norm_final_attn = nn.LayerNorm(embedding_dim, epsilon=1e-5)
 
     def forward(
-        self, image_embedding: paddle.Tensor, image_pe: paddle.Tensor, point_embedding: paddle.Tensor
+        self,
+        image_embedding: paddle.Tensor,
+        image_pe: paddle.Tensor,
+        point_embedding: paddle.Tensor,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """B x C x H x W image, B x C x H x W its PE, B x N x C tokens -> (B x N x C, B x HW x C)."""
+        """Image B x C x H x W, its PE (same shape), tokens B x N x C.
+
+        Returns the updated tokens (B x N x C) and image (B x HW x C).
+        """
         image_embedding = image_embedding.flatten(2).transpose([0, 2, 1])
         image_pe = image_pe.flatten(2).transpose([0, 2, 1])
         queries, keys = point_embedding, image_embedding

@@ -13,18 +13,22 @@ from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
 MAX_IMAGE_PIXELS = 100_000_000
 
 
-def load_image(path: str | os.PathLike, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+def load_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
     """Read an image file as H x W x 3 uint8 RGB, honouring EXIF orientation.
 
     Grayscale, palette and CMYK images are converted to RGB; RGBA loses its alpha channel
-    (a warning says so); 16-bit images are scaled to 8 bits (a warning says so).
+    (a warning says so); 16-bit images are scaled to 8 bits (a warning says so). Images over
+    ``max_pixels`` (default: :data:`MAX_IMAGE_PIXELS`, read at call time) are refused.
     """
     path = Path(path)
+    if max_pixels is None:
+        max_pixels = MAX_IMAGE_PIXELS
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # our own limit below is the one that applies, not PIL's lower warning threshold
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 if im.width * im.height > max_pixels:
                     raise ValueError(
@@ -33,7 +37,9 @@ def load_image(path: str | os.PathLike, max_pixels: int = MAX_IMAGE_PIXELS) -> n
                     )
                 im.load()
                 im = ImageOps.exif_transpose(im)
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
+        raise ValueError(f"{path}: image too large ({exc})") from exc
+    except UnidentifiedImageError as exc:
         raise ValueError(f"{path}: not a readable image ({exc})") from exc
     except OSError as exc:  # truncated or damaged files
         raise ValueError(f"{path}: damaged or truncated image ({exc})") from exc
@@ -72,7 +78,7 @@ def overlay(
     """Blend coloured masks over the image and draw prompts (green +, red -) and boxes."""
     out = image.astype(np.float64).copy()
     colors = _palette(len(masks)) if len(masks) > 1 else np.array([[30.0, 144.0, 255.0]])
-    for mask, color in zip(masks, colors):
+    for mask, color in zip(masks, colors, strict=False):
         m = np.asarray(mask, dtype=bool)
         out[m] = (1 - alpha) * out[m] + alpha * color
     pil = Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
@@ -80,8 +86,11 @@ def overlay(
     r = max(3, round(0.008 * max(image.shape[:2])))
     for i, (x, y) in enumerate(np.asarray(points if points is not None else np.zeros((0, 2)))):
         fg = labels is None or labels[i] == 1
-        draw.ellipse([x - r, y - r, x + r, y + r], fill=(0, 200, 0) if fg else (220, 0, 0),
-                     outline=(255, 255, 255))
+        draw.ellipse(
+            [x - r, y - r, x + r, y + r],
+            fill=(0, 200, 0) if fg else (220, 0, 0),
+            outline=(255, 255, 255),
+        )
     for i, b in enumerate(np.asarray(boxes if boxes is not None else np.zeros((0, 4)))):
         draw.rectangle(list(map(float, b)), outline=(0, 255, 0), width=max(2, r // 2))
         if captions and i < len(captions):

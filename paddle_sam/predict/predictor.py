@@ -17,7 +17,9 @@ from .transforms import ResizeLongestSide
 def check_image(image: np.ndarray, name: str = "image") -> None:
     """Raise a ValueError unless ``image`` is an H x W x 3 uint8 array."""
     if not isinstance(image, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array (H x W x 3 uint8), got {type(image).__name__}")
+        raise TypeError(
+            f"{name} must be a numpy array (H x W x 3 uint8), got {type(image).__name__}"
+        )
     if image.ndim != 3 or image.shape[2] != 3:
         hint = ""
         if image.ndim == 2:
@@ -165,7 +167,9 @@ class SamPredictor:
 
     def _check_points(self, coords, labels) -> tuple[np.ndarray, np.ndarray]:
         if coords is None or labels is None:
-            raise ValueError("point_labels must be supplied if point_coords is supplied (and vice versa)")
+            raise ValueError(
+                "point_labels must be supplied if point_coords is supplied (and vice versa)"
+            )
         coords = np.asarray(coords, dtype=np.float64)
         labels = np.asarray(labels)
         if coords.ndim != 2 or coords.shape[1] != 2:
@@ -194,7 +198,9 @@ class SamPredictor:
             )
         box = box.reshape(4)
         if box[2] < box[0] or box[3] < box[1]:
-            raise ValueError(f"box must be x0, y0, x1, y1 with x0 <= x1 and y0 <= y1, got {box.tolist()}")
+            raise ValueError(
+                f"box must be x0, y0, x1, y1 with x0 <= x1 and y0 <= y1, got {box.tolist()}"
+            )
         self._check_in_image(box.reshape(2, 2), "box")
         return box
 
