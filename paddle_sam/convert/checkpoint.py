@@ -51,7 +51,9 @@ def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tupl
     """The (name, spec) to use: the given type, checked against the weights if any."""
     detected = None
     if state_dict is not None:
-        official = sam_v1.hf_to_official(state_dict) if sam_v1.is_hf_layout(set(state_dict)) else state_dict
+        official = state_dict
+        if sam_v1.is_hf_layout(set(state_dict)):
+            official = sam_v1.hf_to_official(state_dict)
         try:
             detected = sam_v1.detect_model_type(official)
         except sam_v1.CheckpointMismatchError:
@@ -96,12 +98,19 @@ def convert_checkpoint(
     if not overwrite:
         for p in (dst, side):
             if p.exists():
-                raise FileExistsError(f"{p} exists; pass overwrite=True (--overwrite) to replace it")
+                raise FileExistsError(
+                    f"{p} exists; pass overwrite=True (--overwrite) to replace it"
+                )
     state = load_state_dict(src, progress=progress)
     layout = "hf" if sam_v1.is_hf_layout(set(state)) else "official"
     if spec is None:
         model_type, spec = resolve_spec(model_type, state)
     else:
+        known = "vit_h" if model_type == "default" else model_type
+        if known in SAM_SPECS and SAM_SPECS[known] != spec:
+            raise ValueError(
+                f"model type {model_type} contradicts the given spec; pass one or the other"
+            )
         model_type = model_type or "custom"
     converted = sam_v1.convert_state_dict(state, spec)
     del state
@@ -112,7 +121,7 @@ def convert_checkpoint(
         "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": layout},
         "converter_version": CONVERTER_VERSION,
         "paddle_version": paddle.__version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     save_pdparams(converted, dst, meta)
     return meta
@@ -155,9 +164,13 @@ def read_weights(path: str | os.PathLike, spec: SamSpec) -> dict[str, np.ndarray
     try:
         state = paddle.load(str(path), return_numpy=True)
     except Exception as exc:  # paddle raises many types for damaged files
-        raise CheckpointFormatError(f"cannot read {path}: not a valid .pdparams file ({exc})") from exc
+        raise CheckpointFormatError(
+            f"cannot read {path}: not a valid .pdparams file ({exc})"
+        ) from exc
     if not isinstance(state, dict):
-        raise CheckpointFormatError(f"{path} does not hold a state dict (got {type(state).__name__})")
+        raise CheckpointFormatError(
+            f"{path} does not hold a state dict (got {type(state).__name__})"
+        )
     return state
 
 
@@ -179,7 +192,9 @@ def load_sam_weights(model: Sam, path: str | os.PathLike) -> None:
         raise sam_v1.CheckpointMismatchError(
             f"{path}: " + sam_v1._mismatch_message(missing, extra, wrong)
         )
-    model.set_state_dict({k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()})
+    model.set_state_dict(
+        {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
+    )
 
 
 def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sam:

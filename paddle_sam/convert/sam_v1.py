@@ -102,8 +102,9 @@ def detect_model_type(state_dict: Mapping[str, np.ndarray]) -> str:
         if spec.encoder_embed_dim == width and spec.encoder_depth == depth:
             return name
     raise CheckpointMismatchError(
-        f"no known SAM v1 size has embed dim {width} and depth {depth}; "
-        "pass a custom SamSpec (spec=...) for non-standard checkpoints"
+        f"no known SAM v1 size ({', '.join(sorted(SAM_SPECS))}) has embed dim {width} and "
+        f"depth {depth}; for a non-standard size pass a custom SamSpec from Python "
+        "(convert_checkpoint(src, dst, spec=SamSpec(...)) or build_sam(spec, checkpoint))"
     )
 
 
@@ -149,7 +150,9 @@ def convert_state_dict(
             continue
         torch_shape = shape[::-1] if key in linear else shape
         if tuple(value.shape) != torch_shape:
-            wrong.append(f"{key}: checkpoint {list(value.shape)}, model expects {list(torch_shape)}")
+            wrong.append(
+                f"{key}: checkpoint {list(value.shape)}, model expects {list(torch_shape)}"
+            )
             continue
         value = value.astype(np.float32, copy=False)
         out[key] = np.ascontiguousarray(value.T) if key in linear else value
@@ -158,9 +161,12 @@ def convert_state_dict(
     return out
 
 
-def _mismatch_message(missing: list[str], extra: list[str], wrong: list[str], limit: int = 20) -> str:
+def _mismatch_message(
+    missing: list[str], extra: list[str], wrong: list[str], limit: int = 20
+) -> str:
     parts = ["checkpoint does not match the model:"]
-    for title, items in (("missing keys", missing), ("unexpected keys", extra), ("bad tensors", wrong)):
+    sections = (("missing keys", missing), ("unexpected keys", extra), ("bad tensors", wrong))
+    for title, items in sections:
         if items:
             shown = "\n    ".join(items[:limit])
             more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
