@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import paddle
+import paddle.nn.functional as F
 from paddle import nn
 
 
@@ -33,11 +34,10 @@ class LayerNorm2d(nn.Layer):
         self.eps = eps
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        u = x.mean(1, keepdim=True)
-        d = x - u
-        s = (d * d).mean(1, keepdim=True)  # d * d: Paddle's pow is several times slower on CPU
-        x = d / paddle.sqrt(s + self.eps)
-        return self.weight[:, None, None] * x + self.bias[:, None, None]
+        # Channels-last layer_norm: Paddle's CPU broadcasts along a middle axis (x - mean over
+        # C) are ~10x slower than its layer_norm kernel plus two 4-D transposes.
+        x = F.layer_norm(x.transpose([0, 2, 3, 1]), x.shape[1:2], self.weight, self.bias, self.eps)
+        return x.transpose([0, 3, 1, 2])
 
 
 class MLP(nn.Layer):

@@ -97,6 +97,8 @@ class Sam(nn.Layer):
         size = self.image_encoder.img_size
         masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
         masks = masks[..., : int(input_size[0]), : int(input_size[1])]
+        if tuple(original_size) == tuple(masks.shape[-2:]):
+            return masks  # bilinear resampling to the same size is the identity
         return F.interpolate(
             masks,
             size=[int(original_size[0]), int(original_size[1])],

@@ -75,6 +75,8 @@ class SamPredictor:
         self.input_size = tuple(int(v) for v in shape[-2:])
         input_image = self.model.preprocess(transformed_image)
         self.features = self.model.image_encoder(input_image)
+        # depends only on the weights; computed here once instead of on every prompt
+        self.dense_pe = self.model.prompt_encoder.get_dense_pe()
         self.is_image_set = True
 
     set_torch_image = set_paddle_image
@@ -136,7 +138,7 @@ class SamPredictor:
         sparse, dense = self.model.prompt_encoder(points=points, boxes=boxes, masks=mask_input)
         low_res_masks, iou_predictions = self.model.mask_decoder(
             image_embeddings=self.features,
-            image_pe=self.model.prompt_encoder.get_dense_pe(),
+            image_pe=self.dense_pe,
             sparse_prompt_embeddings=sparse,
             dense_prompt_embeddings=dense,
             multimask_output=multimask_output,
@@ -156,6 +158,7 @@ class SamPredictor:
     def reset_image(self) -> None:
         self.is_image_set = False
         self.features = None
+        self.dense_pe = None
         self.orig_h = self.orig_w = self.input_h = self.input_w = None
         self.original_size = self.input_size = None
 
