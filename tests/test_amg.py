@@ -3,13 +3,14 @@ parity of SamAutomaticMaskGenerator with upstream's on a tiny random-weight mode
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
-from functools import partial
 
 import numpy as np
 import paddle
 import pytest
+from _pairs import TINY, make_pair
 
 from paddle_sam.predict import amg_utils as au
 
@@ -361,111 +362,8 @@ def _have_paddle_sam_stack() -> bool:
     return True
 
 
-TINY = dict(
-    image_size=256,
-    embed_dim=64,
-    depth=2,
-    heads=2,
-    global_attn=(1,),
-    window=7,
-    prompt_dim=32,
-    mask_in_chans=4,
-    decoder_mlp_dim=64,
-    decoder_heads=2,
-    iou_hidden=32,
-)
-
-
-def _build_torch_tiny(seed: int = 0):
-    import torch
-    from segment_anything.modeling import (
-        ImageEncoderViT,
-        MaskDecoder,
-        PromptEncoder,
-        Sam,
-        TwoWayTransformer,
-    )
-
-    torch.manual_seed(seed)
-    c = TINY
-    grid = c["image_size"] // 16
-    sam = Sam(
-        image_encoder=ImageEncoderViT(
-            depth=c["depth"],
-            embed_dim=c["embed_dim"],
-            img_size=c["image_size"],
-            mlp_ratio=4,
-            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
-            num_heads=c["heads"],
-            patch_size=16,
-            qkv_bias=True,
-            use_rel_pos=True,
-            global_attn_indexes=list(c["global_attn"]),
-            window_size=c["window"],
-            out_chans=c["prompt_dim"],
-        ),
-        prompt_encoder=PromptEncoder(
-            embed_dim=c["prompt_dim"],
-            image_embedding_size=(grid, grid),
-            input_image_size=(c["image_size"], c["image_size"]),
-            mask_in_chans=c["mask_in_chans"],
-        ),
-        mask_decoder=MaskDecoder(
-            num_multimask_outputs=3,
-            transformer=TwoWayTransformer(
-                depth=2,
-                embedding_dim=c["prompt_dim"],
-                mlp_dim=c["decoder_mlp_dim"],
-                num_heads=c["decoder_heads"],
-            ),
-            transformer_dim=c["prompt_dim"],
-            iou_head_depth=3,
-            iou_head_hidden_dim=c["iou_hidden"],
-        ),
-    )
-    with torch.no_grad():  # default inits leave many zeros and ones: make every weight matter
-        for p in sam.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return sam.eval()
-
-
-def _build_paddle_twin(torch_sam):
-    from paddle_sam.models import SamSpec, build_sam
-
-    c = TINY
-    spec = SamSpec(
-        encoder_embed_dim=c["embed_dim"],
-        encoder_depth=c["depth"],
-        encoder_num_heads=c["heads"],
-        encoder_global_attn_indexes=c["global_attn"],
-        image_size=c["image_size"],
-        window_size=c["window"],
-        prompt_embed_dim=c["prompt_dim"],
-        mask_in_chans=c["mask_in_chans"],
-        decoder_mlp_dim=c["decoder_mlp_dim"],
-        decoder_num_heads=c["decoder_heads"],
-        iou_head_hidden_dim=c["iou_hidden"],
-    )
-    model = build_sam(spec)
-    linear = {
-        f"{name}.weight"
-        for name, layer in model.named_sublayers()
-        if isinstance(layer, paddle.nn.Linear)
-    }
-    src = {k: v.detach().cpu().numpy() for k, v in torch_sam.state_dict().items()}
-    dst = model.state_dict()
-    assert set(dst) <= set(src), sorted(set(dst) - set(src))
-    assert set(src) - set(dst) <= {"pixel_mean", "pixel_std"}, sorted(set(src) - set(dst))
-    new = {}
-    for k, t in dst.items():
-        v = src[k].T if k in linear else src[k]
-        assert tuple(v.shape) == tuple(t.shape), (k, v.shape, t.shape)
-        new[k] = paddle.to_tensor(np.ascontiguousarray(v), dtype=t.dtype)
-    model.set_state_dict(new)
-    for k, t in model.state_dict().items():
-        np.testing.assert_array_equal(t.numpy(), np.asarray(new[k].numpy()))
-    model.eval()
-    return model
+# window 7 on a 16x16 grid (padded windows), a narrow mask-input branch
+AMG_SPEC = dataclasses.replace(TINY, encoder_depth=2, window_size=7, mask_in_chans=4)
 
 
 @pytest.fixture(scope="module")
@@ -482,8 +380,7 @@ def sam_pair():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch_sam = _build_torch_tiny()
-        yield torch_sam, _build_paddle_twin(torch_sam)
+        yield make_pair(AMG_SPEC, seed=0, scale=0.05)
     finally:
         torch.set_num_threads(threads)
 

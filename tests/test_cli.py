@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _pairs import TINY
 from PIL import Image
 
 from paddle_sam import cli
 from paddle_sam.convert.checkpoint import convert_checkpoint, read_sidecar, sidecar_path
 from paddle_sam.convert.sam_v1 import random_official_state_dict
-from paddle_sam.models.build_sam import SamSpec
 from paddle_sam.predict import io as sam_io
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
@@ -24,18 +24,6 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
 )
 
-TINY = SamSpec(
-    encoder_embed_dim=64,
-    encoder_depth=2,
-    encoder_num_heads=2,
-    encoder_global_attn_indexes=(1,),
-    image_size=256,
-    window_size=5,
-    prompt_embed_dim=32,
-    decoder_mlp_dim=64,
-    decoder_num_heads=2,
-    iou_head_hidden_dim=32,
-)
 H, W = 60, 90  # the test image; prompts below lie inside it
 COMMANDS = {"convert", "segment", "everything", "align", "random-checkpoint"}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+from _pairs import TINY
 
 from paddle_sam.convert import checkpoint as ckpt
 from paddle_sam.convert.checkpoint import convert_checkpoint, load_sam, read_sidecar, sidecar_path
@@ -34,18 +35,6 @@ from paddle_sam.convert.torch_reader import (
 )
 from paddle_sam.models.build_sam import SAM_SPECS, SamSpec, build_sam, sam_model_registry
 
-TINY = SamSpec(
-    encoder_embed_dim=64,
-    encoder_depth=2,
-    encoder_num_heads=2,
-    encoder_global_attn_indexes=(1,),
-    image_size=256,
-    window_size=5,
-    prompt_embed_dim=32,
-    decoder_mlp_dim=64,
-    decoder_num_heads=2,
-    iou_head_hidden_dim=32,
-)
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models.build_sam import SamSpec
+from ..models.build_sam import SamSpec, module_kwargs
 
 
 def import_reference() -> tuple[Any, Any]:
@@ -38,39 +38,14 @@ def build_reference_sam(spec: SamSpec):
         TwoWayTransformer,
     )
 
-    grid = spec.image_embedding_size
+    kw = module_kwargs(spec)
     sam = Sam(
         image_encoder=ImageEncoderViT(
-            depth=spec.encoder_depth,
-            embed_dim=spec.encoder_embed_dim,
-            img_size=spec.image_size,
-            mlp_ratio=spec.mlp_ratio,
-            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
-            num_heads=spec.encoder_num_heads,
-            patch_size=spec.vit_patch_size,
-            qkv_bias=True,
-            use_rel_pos=True,
-            global_attn_indexes=spec.encoder_global_attn_indexes,
-            window_size=spec.window_size,
-            out_chans=spec.prompt_embed_dim,
+            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), **kw["image_encoder"]
         ),
-        prompt_encoder=PromptEncoder(
-            embed_dim=spec.prompt_embed_dim,
-            image_embedding_size=(grid, grid),
-            input_image_size=(spec.image_size, spec.image_size),
-            mask_in_chans=spec.mask_in_chans,
-        ),
+        prompt_encoder=PromptEncoder(**kw["prompt_encoder"]),
         mask_decoder=MaskDecoder(
-            num_multimask_outputs=spec.num_multimask_outputs,
-            transformer=TwoWayTransformer(
-                depth=spec.decoder_depth,
-                embedding_dim=spec.prompt_embed_dim,
-                mlp_dim=spec.decoder_mlp_dim,
-                num_heads=spec.decoder_num_heads,
-            ),
-            transformer_dim=spec.prompt_embed_dim,
-            iou_head_depth=spec.iou_head_depth,
-            iou_head_hidden_dim=spec.iou_head_hidden_dim,
+            transformer=TwoWayTransformer(**kw["transformer"]), **kw["mask_decoder"]
         ),
     )
     return sam.eval()

@@ -80,16 +80,19 @@ SAM_SPECS: dict[str, SamSpec] = {
 }
 
 
-def build_sam(spec: SamSpec, checkpoint: str | os.PathLike | None = None) -> Sam:
-    """Build a SAM model of ``spec``; load a converted checkpoint strictly if given."""
+def module_kwargs(spec: SamSpec) -> dict[str, dict]:
+    """Constructor arguments of each submodule, as upstream's ``_build_sam`` passes them.
+
+    Shared with the PyTorch reference builder (``paddle_sam.align.reference``), which adds its
+    own ``norm_layer``; ours takes the encoder's LayerNorm eps as ``norm_eps``.
+    """
     grid = spec.image_embedding_size
-    sam = Sam(
-        image_encoder=ImageEncoderViT(
+    return {
+        "image_encoder": dict(
             depth=spec.encoder_depth,
             embed_dim=spec.encoder_embed_dim,
             img_size=spec.image_size,
             mlp_ratio=spec.mlp_ratio,
-            norm_eps=1e-6,
             num_heads=spec.encoder_num_heads,
             patch_size=spec.vit_patch_size,
             qkv_bias=True,
@@ -98,23 +101,35 @@ def build_sam(spec: SamSpec, checkpoint: str | os.PathLike | None = None) -> Sam
             window_size=spec.window_size,
             out_chans=spec.prompt_embed_dim,
         ),
-        prompt_encoder=PromptEncoder(
+        "prompt_encoder": dict(
             embed_dim=spec.prompt_embed_dim,
             image_embedding_size=(grid, grid),
             input_image_size=(spec.image_size, spec.image_size),
             mask_in_chans=spec.mask_in_chans,
         ),
-        mask_decoder=MaskDecoder(
+        "transformer": dict(
+            depth=spec.decoder_depth,
+            embedding_dim=spec.prompt_embed_dim,
+            mlp_dim=spec.decoder_mlp_dim,
+            num_heads=spec.decoder_num_heads,
+        ),
+        "mask_decoder": dict(
             num_multimask_outputs=spec.num_multimask_outputs,
-            transformer=TwoWayTransformer(
-                depth=spec.decoder_depth,
-                embedding_dim=spec.prompt_embed_dim,
-                mlp_dim=spec.decoder_mlp_dim,
-                num_heads=spec.decoder_num_heads,
-            ),
             transformer_dim=spec.prompt_embed_dim,
             iou_head_depth=spec.iou_head_depth,
             iou_head_hidden_dim=spec.iou_head_hidden_dim,
+        ),
+    }
+
+
+def build_sam(spec: SamSpec, checkpoint: str | os.PathLike | None = None) -> Sam:
+    """Build a SAM model of ``spec``; load a converted checkpoint strictly if given."""
+    kw = module_kwargs(spec)
+    sam = Sam(
+        image_encoder=ImageEncoderViT(norm_eps=1e-6, **kw["image_encoder"]),
+        prompt_encoder=PromptEncoder(**kw["prompt_encoder"]),
+        mask_decoder=MaskDecoder(
+            transformer=TwoWayTransformer(**kw["transformer"]), **kw["mask_decoder"]
         ),
     )
     sam.spec = spec

@@ -11,7 +11,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import LayerNorm2d, MLPBlock
+from .common import LayerNorm2d, Linear, MLPBlock
 
 
 class ImageEncoderViT(nn.Layer):
@@ -134,8 +134,8 @@ class Attention(nn.Layer):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, dim * 3, bias_attr=None if qkv_bias else False)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Linear(dim, dim * 3, bias_attr=None if qkv_bias else False)
+        self.proj = Linear(dim, dim)
         self.use_rel_pos = use_rel_pos
         if use_rel_pos:
             if input_size is None:
@@ -165,13 +165,15 @@ class Attention(nn.Layer):
         else:
             attn = paddle.matmul(q * self.scale, k, transpose_y=True)
         # in place when no gradient is needed: saves a pass over the largest tensor
-        attn = F.softmax(attn, axis=-1) if _needs_grad(attn) else F.softmax_(attn, axis=-1)
+        attn = F.softmax_(attn, axis=-1) if _can_be_inplace(attn) else F.softmax(attn, axis=-1)
         x = paddle.matmul(attn, v).reshape([-1, nh, H * W, hd]).transpose([0, 2, 1, 3])
         return self.proj(x.reshape([-1, H, W, C]))
 
 
-def _needs_grad(x: paddle.Tensor) -> bool:
-    return paddle.in_dynamic_mode() and paddle.is_grad_enabled() and not x.stop_gradient
+def _can_be_inplace(x: paddle.Tensor) -> bool:
+    """Dygraph inference: nothing will differentiate through ``x`` (static graphs plan
+    their own memory reuse)."""
+    return paddle.in_dynamic_mode() and not (paddle.is_grad_enabled() and not x.stop_gradient)
 
 
 def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor, tuple[int, int]]:

@@ -11,7 +11,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import MLPBlock
+from .common import Linear, MLPBlock
 
 
 class TwoWayTransformer(nn.Layer):
@@ -132,10 +132,10 @@ class Attention(nn.Layer):
                 f"num_heads ({num_heads}) must divide embedding_dim // downsample_rate "
                 f"({self.internal_dim})"
             )
-        self.q_proj = nn.Linear(embedding_dim, self.internal_dim)
-        self.k_proj = nn.Linear(embedding_dim, self.internal_dim)
-        self.v_proj = nn.Linear(embedding_dim, self.internal_dim)
-        self.out_proj = nn.Linear(self.internal_dim, embedding_dim)
+        self.q_proj = Linear(embedding_dim, self.internal_dim)
+        self.k_proj = Linear(embedding_dim, self.internal_dim)
+        self.v_proj = Linear(embedding_dim, self.internal_dim)
+        self.out_proj = Linear(self.internal_dim, embedding_dim)
 
     def _separate_heads(self, x: paddle.Tensor) -> paddle.Tensor:
         """B x N x C -> B x heads x N x C/heads."""
