@@ -155,7 +155,9 @@ def test_detect_model_type_from_official_shapes(model_type):
 
 def test_detect_model_type_refuses_unknown_size():
     state = {k: np.broadcast_to(np.float32(0), s) for k, s in _torch_layout(TINY).items()}
-    with pytest.raises(CheckpointMismatchError, match="embed dim 64 and depth 2"):
+    with pytest.raises(
+        CheckpointMismatchError, match=f"embed dim 64 and depth {TINY.encoder_depth}"
+    ):
         detect_model_type(state)
     with pytest.raises(CheckpointMismatchError, match="patch_embed.proj.weight"):
         detect_model_type({"foo.weight": np.zeros(3, np.float32)})
@@ -601,13 +603,14 @@ def test_build_sam_with_official_file_converts_in_memory(torch_ref, official_pth
 def test_registry_drop_in_is_strict(official_pth, converted, random_state, work, monkeypatch):
     monkeypatch.setitem(SAM_SPECS, "vit_b", TINY)
     # a deeper tiny size stands in for another registry entry
-    monkeypatch.setitem(SAM_SPECS, "vit_l", SamSpec(**{**TINY.to_dict(), "encoder_depth": 3}))
+    deeper = TINY.encoder_depth + 1
+    monkeypatch.setitem(SAM_SPECS, "vit_l", SamSpec(**{**TINY.to_dict(), "encoder_depth": deeper}))
     a = _model_state(sam_model_registry["vit_b"](checkpoint=converted))
     b = _model_state(sam_model_registry["vit_b"](checkpoint=official_pth))
     _assert_states_equal(a, b)
-    with pytest.raises(CheckpointMismatchError, match="image_encoder.blocks.2"):
+    with pytest.raises(CheckpointMismatchError, match=f"image_encoder.blocks.{TINY.encoder_depth}"):
         sam_model_registry["vit_l"](checkpoint=converted)
-    with pytest.raises(CheckpointMismatchError, match="image_encoder.blocks.2"):
+    with pytest.raises(CheckpointMismatchError, match=f"image_encoder.blocks.{TINY.encoder_depth}"):
         sam_model_registry["vit_l"](checkpoint=official_pth)
     state = dict(random_state)
     state["surplus.weight"] = np.zeros(1, np.float32)

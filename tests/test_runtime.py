@@ -64,3 +64,36 @@ def test_set_num_threads_validates():
 
     with pytest.raises(ValueError, match=">= 1"):
         set_num_threads(0)
+
+
+def test_freed_memory_is_reused():
+    """With glibc, large freed blocks stay in the heap: a repeated big temporary is not
+    page-faulted again (measured by minor page faults, not by time)."""
+    import platform
+    import resource
+
+    import pytest
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    code = (
+        "import resource, paddle_sam, paddle\n"
+        "a = paddle.ones([64, 1024, 1024])\n"
+        "for _ in range(2): b = a * 2.0; del b\n"
+        "f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for _ in range(5): b = a * 2.0; del b\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)\n"
+    )
+
+    def faults(**env_overrides) -> int:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        env.pop("PADDLE_SAM_NO_CPU_TUNING", None)
+        env.update(env_overrides)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        return int(out.stdout.strip().splitlines()[-1])
+
+    pages = 64 * 1024 * 1024 * 4 // resource.getpagesize()  # one 256 MB temporary
+    assert faults() < 2 * pages  # reused: at most one fresh block over 5 temporaries
+    assert faults(PADDLE_SAM_NO_CPU_TUNING="1") > 4 * pages  # each temporary faulted anew
