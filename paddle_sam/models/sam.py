@@ -108,15 +108,22 @@ class Sam(nn.Layer):
 
     def preprocess(self, x: paddle.Tensor) -> paddle.Tensor:
         """Normalise a (B x) 3 x h x w resized image and pad it bottom-right to img_size."""
-        x = (x.astype("float32") - self.pixel_mean) / self.pixel_std
-        h, w = x.shape[-2:]
-        size = self.image_encoder.img_size
-        if h > size or w > size:
-            raise ValueError(
-                f"image of size {h}x{w} is larger than the encoder input {size}x{size}; "
-                "resize it to the longest side first (ResizeLongestSide)"
-            )
-        if h < size or w < size:
-            # full-rank pad spec: (before, after) for every axis, first axis first
-            x = F.pad(x, [0, 0] * (x.ndim - 2) + [0, size - h, 0, size - w], value=0.0)
-        return x
+        return preprocess_image(x, self.pixel_mean, self.pixel_std, self.image_encoder.img_size)
+
+
+def preprocess_image(
+    x: paddle.Tensor, pixel_mean: paddle.Tensor, pixel_std: paddle.Tensor, size: int
+) -> paddle.Tensor:
+    """(x - mean) / std, zero-padded bottom-right to size x size (shared with the static
+    runtime, so both paths preprocess identically). mean, std: 3 x 1 x 1."""
+    x = (x.astype("float32") - pixel_mean) / pixel_std
+    h, w = x.shape[-2:]
+    if h > size or w > size:
+        raise ValueError(
+            f"image of size {h}x{w} is larger than the encoder input {size}x{size}; "
+            "resize it to the longest side first (ResizeLongestSide)"
+        )
+    if h < size or w < size:
+        # full-rank pad spec: (before, after) for every axis, first axis first
+        x = F.pad(x, [0, 0] * (x.ndim - 2) + [0, size - h, 0, size - w], value=0.0)
+    return x

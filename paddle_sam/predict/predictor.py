@@ -36,50 +36,26 @@ def check_image(image: np.ndarray, name: str = "image") -> None:
         raise ValueError(f"{name} is empty: shape {tuple(image.shape)}")
 
 
-class SamPredictor:
-    def __init__(self, sam_model: Sam) -> None:
-        """Predict masks for one image at a time from prompts, reusing its embedding."""
-        self.model = sam_model
-        self.transform = ResizeLongestSide(sam_model.image_encoder.img_size)
-        self.reset_image()
+class PredictorBase:
+    """What every predictor shares: image checks and resizing, prompt checks, the numpy API.
 
-    @property
-    def device(self) -> str:
-        return str(self.model.prompt_encoder.no_mask_embed.weight.place)
+    Subclasses embed a resized image (:meth:`_embed`) and decode prompts given in the
+    resized frame (:meth:`_decode`); ``mask_input_size`` and ``image_format`` describe the
+    model.
+    """
+
+    image_format: str = "RGB"
+    mask_input_size: tuple[int, int]
 
     def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
         """Compute and keep the embedding of an H x W x 3 uint8 image."""
         if image_format not in ("RGB", "BGR"):
             raise ValueError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
         check_image(image)
-        if image_format != self.model.image_format:
+        if image_format != self.image_format:
             image = image[..., ::-1]
         input_image = self.transform.apply_image(np.ascontiguousarray(image))
-        input_image = paddle.to_tensor(input_image).transpose([2, 0, 1]).unsqueeze(0)
-        self.set_paddle_image(input_image, image.shape[:2])
-
-    @paddle.no_grad()
-    def set_paddle_image(
-        self, transformed_image: paddle.Tensor, original_image_size: tuple[int, ...]
-    ) -> None:
-        """Embed a 1 x 3 x h x w image already resized with :class:`ResizeLongestSide`."""
-        size = self.model.image_encoder.img_size
-        shape = tuple(transformed_image.shape)
-        if len(shape) != 4 or shape[0] != 1 or shape[1] != 3 or max(shape[2:]) != size:
-            raise ValueError(
-                f"set_paddle_image expects a 1 x 3 x h x w tensor with long side {size}, "
-                f"got {list(shape)}"
-            )
-        self.reset_image()
-        self.original_size = tuple(int(v) for v in original_image_size)
-        self.input_size = tuple(int(v) for v in shape[-2:])
-        input_image = self.model.preprocess(transformed_image)
-        self.features = self.model.image_encoder(input_image)
-        # depends only on the weights; computed here once instead of on every prompt
-        self.dense_pe = self.model.prompt_encoder.get_dense_pe()
-        self.is_image_set = True
-
-    set_torch_image = set_paddle_image
+        self._embed(input_image, image.shape[:2])
 
     def predict(
         self,
@@ -99,67 +75,19 @@ class SamPredictor:
         with ``multimask_output`` else 1.
         """
         self._require_image()
-        coords_t = labels_t = box_t = mask_t = None
+        coords = labels = None
         if point_coords is not None or point_labels is not None:
             coords, labels = self._check_points(point_coords, point_labels)
             coords = self.transform.apply_coords(coords, self.original_size)
-            coords_t = paddle.to_tensor(coords, dtype="float32").unsqueeze(0)
-            labels_t = paddle.to_tensor(labels, dtype="int32").unsqueeze(0)
         if box is not None:
             box = self.transform.apply_boxes(self._check_box(box), self.original_size)
-            box_t = paddle.to_tensor(box, dtype="float32").unsqueeze(0)
         if mask_input is not None:
-            mask_t = paddle.to_tensor(self._check_mask_input(mask_input), dtype="float32")
-            mask_t = mask_t.unsqueeze(0)
-        masks, iou_predictions, low_res_masks = self.predict_paddle(
-            coords_t, labels_t, box_t, mask_t, multimask_output, return_logits=return_logits
-        )
-        return masks[0].numpy(), iou_predictions[0].numpy(), low_res_masks[0].numpy()
-
-    @paddle.no_grad()
-    def predict_paddle(
-        self,
-        point_coords: paddle.Tensor | None,
-        point_labels: paddle.Tensor | None,
-        boxes: paddle.Tensor | None = None,
-        mask_input: paddle.Tensor | None = None,
-        multimask_output: bool = True,
-        return_logits: bool = False,
-    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """Batched prediction with prompts already in the resized frame.
-
-        point_coords: B x N x 2, point_labels: B x N, boxes: B x 4, mask_input:
-        B x 1 x 256 x 256. Returns masks B x C x H x W, IoU B x C, low-res B x C x 256 x 256.
-        """
-        self._require_image()
-        if (point_coords is None) != (point_labels is None):
-            raise ValueError("point_coords and point_labels must be given together")
-        points = (point_coords, point_labels) if point_coords is not None else None
-        sparse, dense = self.model.prompt_encoder(points=points, boxes=boxes, masks=mask_input)
-        low_res_masks, iou_predictions = self.model.mask_decoder(
-            image_embeddings=self.features,
-            image_pe=self.dense_pe,
-            sparse_prompt_embeddings=sparse,
-            dense_prompt_embeddings=dense,
-            multimask_output=multimask_output,
-        )
-        masks = self.model.postprocess_masks(low_res_masks, self.input_size, self.original_size)
-        if not return_logits:
-            masks = masks > self.model.mask_threshold
-        return masks, iou_predictions, low_res_masks
-
-    predict_torch = predict_paddle
-
-    def get_image_embedding(self) -> paddle.Tensor:
-        """The current image's embedding: 1 x C x H x W (C = 256, H = W = 64 for SAM)."""
-        self._require_image()
-        return self.features
+            mask_input = self._check_mask_input(mask_input)
+        return self._decode(coords, labels, box, mask_input, multimask_output, return_logits)
 
     def reset_image(self) -> None:
         self.is_image_set = False
         self.features = None
-        self.dense_pe = None
-        self.orig_h = self.orig_w = self.input_h = self.input_w = None
         self.original_size = self.input_size = None
 
     # -- input checks: clear errors instead of tracebacks from inside Paddle --
@@ -219,7 +147,7 @@ class SamPredictor:
 
     def _check_mask_input(self, mask_input) -> np.ndarray:
         mask_input = np.asarray(mask_input, dtype=np.float32)
-        size = tuple(self.model.prompt_encoder.mask_input_size)
+        size = tuple(self.mask_input_size)
         if mask_input.shape != (1, *size):
             raise ValueError(
                 f"mask_input must have shape 1 x {size[0]} x {size[1]} (low-res logits of a "
@@ -228,3 +156,102 @@ class SamPredictor:
         if not np.isfinite(mask_input).all():
             raise ValueError("mask_input contains NaN or infinite values")
         return mask_input
+
+
+class SamPredictor(PredictorBase):
+    def __init__(self, sam_model: Sam) -> None:
+        """Predict masks for one image at a time from prompts, reusing its embedding."""
+        self.model = sam_model
+        self.transform = ResizeLongestSide(sam_model.image_encoder.img_size)
+        self.image_format = sam_model.image_format
+        self.mask_input_size = tuple(sam_model.prompt_encoder.mask_input_size)
+        self.reset_image()
+
+    @property
+    def device(self) -> str:
+        return str(self.model.prompt_encoder.no_mask_embed.weight.place)
+
+    def _embed(self, input_image: np.ndarray, original_size: tuple[int, int]) -> None:
+        tensor = paddle.to_tensor(input_image).transpose([2, 0, 1]).unsqueeze(0)
+        self.set_paddle_image(tensor, original_size)
+
+    @paddle.no_grad()
+    def set_paddle_image(
+        self, transformed_image: paddle.Tensor, original_image_size: tuple[int, ...]
+    ) -> None:
+        """Embed a 1 x 3 x h x w image already resized with :class:`ResizeLongestSide`."""
+        size = self.model.image_encoder.img_size
+        shape = tuple(transformed_image.shape)
+        if len(shape) != 4 or shape[0] != 1 or shape[1] != 3 or max(shape[2:]) != size:
+            raise ValueError(
+                f"set_paddle_image expects a 1 x 3 x h x w tensor with long side {size}, "
+                f"got {list(shape)}"
+            )
+        self.reset_image()
+        self.original_size = tuple(int(v) for v in original_image_size)
+        self.input_size = tuple(int(v) for v in shape[-2:])
+        input_image = self.model.preprocess(transformed_image)
+        self.features = self.model.image_encoder(input_image)
+        # depends only on the weights; computed here once instead of on every prompt
+        self.dense_pe = self.model.prompt_encoder.get_dense_pe()
+        self.is_image_set = True
+
+    set_torch_image = set_paddle_image
+
+    def _decode(self, coords, labels, box, mask_input, multimask_output, return_logits):
+        coords_t = labels_t = box_t = mask_t = None
+        if coords is not None:
+            coords_t = paddle.to_tensor(coords, dtype="float32").unsqueeze(0)
+            labels_t = paddle.to_tensor(labels, dtype="int32").unsqueeze(0)
+        if box is not None:
+            box_t = paddle.to_tensor(box, dtype="float32").unsqueeze(0)
+        if mask_input is not None:
+            mask_t = paddle.to_tensor(mask_input, dtype="float32").unsqueeze(0)
+        masks, iou_predictions, low_res_masks = self.predict_paddle(
+            coords_t, labels_t, box_t, mask_t, multimask_output, return_logits=return_logits
+        )
+        return masks[0].numpy(), iou_predictions[0].numpy(), low_res_masks[0].numpy()
+
+    @paddle.no_grad()
+    def predict_paddle(
+        self,
+        point_coords: paddle.Tensor | None,
+        point_labels: paddle.Tensor | None,
+        boxes: paddle.Tensor | None = None,
+        mask_input: paddle.Tensor | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """Batched prediction with prompts already in the resized frame.
+
+        point_coords: B x N x 2, point_labels: B x N, boxes: B x 4, mask_input:
+        B x 1 x 256 x 256. Returns masks B x C x H x W, IoU B x C, low-res B x C x 256 x 256.
+        """
+        self._require_image()
+        if (point_coords is None) != (point_labels is None):
+            raise ValueError("point_coords and point_labels must be given together")
+        points = (point_coords, point_labels) if point_coords is not None else None
+        sparse, dense = self.model.prompt_encoder(points=points, boxes=boxes, masks=mask_input)
+        low_res_masks, iou_predictions = self.model.mask_decoder(
+            image_embeddings=self.features,
+            image_pe=self.dense_pe,
+            sparse_prompt_embeddings=sparse,
+            dense_prompt_embeddings=dense,
+            multimask_output=multimask_output,
+        )
+        masks = self.model.postprocess_masks(low_res_masks, self.input_size, self.original_size)
+        if not return_logits:
+            masks = masks > self.model.mask_threshold
+        return masks, iou_predictions, low_res_masks
+
+    predict_torch = predict_paddle
+
+    def get_image_embedding(self) -> paddle.Tensor:
+        """The current image's embedding: 1 x C x H x W (C = 256, H = W = 64 for SAM)."""
+        self._require_image()
+        return self.features
+
+    def reset_image(self) -> None:
+        super().reset_image()
+        self.dense_pe = None
+
