@@ -96,6 +96,27 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .convert.checkpoint import read_sidecar
+    from .export.sam_v1 import export_sam
+
+    sam = _load_model(args)
+    meta = read_sidecar(args.checkpoint) or {}
+    t = time.perf_counter()
+    export_sam(
+        sam,
+        args.output,
+        model_type=args.model_type or meta.get("model_type"),
+        source_sha256=(meta.get("source") or {}).get("sha256"),
+        overwrite=args.overwrite,
+    )
+    print(
+        f"exported -> {args.output}/ (image_encoder, prompt_decoder, export.json) "
+        f"in {time.perf_counter() - t:.1f}s"
+    )
+    return 0
+
+
 def cmd_segment(args) -> int:
     from .predict.io import load_image, overlay, save_mask_png
     from .predict.predictor import SamPredictor
@@ -113,7 +134,14 @@ def cmd_segment(args) -> int:
         names += [f"mask_{i}.png" for i in range(3)]
     _prepare_out(out, names, args.overwrite)
 
-    predictor = SamPredictor(_load_model(args))
+    if args.exported is not None:
+        from .deploy import StaticSamPredictor
+
+        if args.checkpoint is not None:
+            raise ValueError("give either --checkpoint or --exported, not both")
+        predictor = StaticSamPredictor(args.exported)
+    else:
+        predictor = SamPredictor(_load_model(args))
     coords = np.array([p[:2] for p in args.point]) if args.point else None
     labels = np.array([int(p[2]) for p in args.point]) if args.point else None
     box = np.array(args.box) if args.box is not None else None
@@ -132,11 +160,12 @@ def cmd_segment(args) -> int:
     if multimask:
         for i, m in enumerate(masks):
             save_mask_png(m, out / f"mask_{i}.png")
-    overlay(image, [masks[best]], points=coords, labels=labels,
-            boxes=None if box is None else box[None]).save(out / "overlay.png")
+    overlay(
+        image, [masks[best]], points=coords, labels=labels, boxes=None if box is None else box[None]
+    ).save(out / "overlay.png")
     result = {
         "image": str(args.image),
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": str(args.exported or args.checkpoint),
         "prompts": {"points": args.point or [], "box": args.box},
         "multimask_output": multimask,
         "scores": [float(s) for s in scores],
@@ -145,8 +174,10 @@ def cmd_segment(args) -> int:
         "seconds": {"image_embedding": round(t_embed, 3), "decoder": round(t_decode, 4)},
     }
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"mask (score {scores[best]:.3f}, {result['mask_area']} px) -> {out}/mask.png, "
-          f"overlay.png, result.json")
+    print(
+        f"mask (score {scores[best]:.3f}, {result['mask_area']} px) -> {out}/mask.png, "
+        f"overlay.png, result.json"
+    )
     return 0
 
 
@@ -267,22 +298,53 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--checkpoint", default=None, help="converted .pdparams (or an official file)"
         )
-        q.add_argument("--model-type", choices=types, default=None,
-                       help="default: from the checkpoint's sidecar or its weights")
+        q.add_argument(
+            "--model-type",
+            choices=types,
+            default=None,
+            help="default: from the checkpoint's sidecar or its weights",
+        )
 
     s = sub.add_parser("segment", help="segment one object from points and/or a box")
     s.add_argument("image")
-    s.add_argument("--point", type=_point, action="append", default=[], metavar="X,Y[,LABEL]",
-                   help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background")
+    s.add_argument(
+        "--point",
+        type=_point,
+        action="append",
+        default=[],
+        metavar="X,Y[,LABEL]",
+        help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background",
+    )
     s.add_argument("--box", type=_box, default=None, metavar="X0,Y0,X1,Y1")
     mm = s.add_mutually_exclusive_group()
-    mm.add_argument("--multimask", dest="multimask", action="store_true", default=None,
-                    help="predict 3 masks and keep the best (default for a single point)")
+    mm.add_argument(
+        "--multimask",
+        dest="multimask",
+        action="store_true",
+        default=None,
+        help="predict 3 masks and keep the best (default for a single point)",
+    )
     mm.add_argument("--single-mask", dest="multimask", action="store_false")
     s.add_argument("-o", "--output", required=True, help="output folder")
     s.add_argument("--overwrite", action="store_true")
+    s.add_argument(
+        "--exported",
+        default=None,
+        metavar="DIR",
+        help="run a 'paddle-sam export' folder with Paddle Inference (CPU)",
+    )
     model_args(s)
     s.set_defaults(func=cmd_segment)
+
+    x = sub.add_parser(
+        "export",
+        help="export to PIR static programs (image encoder and "
+        "prompt decoder) for Paddle Inference",
+    )
+    x.add_argument("-o", "--output", required=True, help="output folder")
+    x.add_argument("--overwrite", action="store_true")
+    model_args(x)
+    x.set_defaults(func=cmd_export)
 
     e = sub.add_parser("everything", help="automatic mask generation over a point grid")
     e.add_argument("image")
@@ -299,18 +361,26 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(e)
     e.set_defaults(func=cmd_everything)
 
-    a = sub.add_parser("align", help="per-module comparison against official segment-anything "
-                       "(needs the torch extra)")
+    a = sub.add_parser(
+        "align",
+        help="per-module comparison against official segment-anything (needs the torch extra)",
+    )
     a.add_argument("--model-type", choices=types, required=True)
     a.add_argument("--torch-checkpoint", required=True, help="official .pth")
-    a.add_argument("--checkpoint", default=None,
-                   help="converted .pdparams to test (default: convert the .pth in memory)")
+    a.add_argument(
+        "--checkpoint",
+        default=None,
+        help="converted .pdparams to test (default: convert the .pth in memory)",
+    )
     a.add_argument("--image", default=None, help="default: a fixed synthetic image")
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.set_defaults(func=cmd_align)
 
-    r = sub.add_parser("random-checkpoint", help="random weights in the official layout "
-                       "(.safetensors) for demos and tests; NOT a trained model")
+    r = sub.add_parser(
+        "random-checkpoint",
+        help="random weights in the official layout "
+        "(.safetensors) for demos and tests; NOT a trained model",
+    )
     r.add_argument("--model-type", choices=types, default="vit_b")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("-o", "--output", required=True)

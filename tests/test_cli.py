@@ -25,7 +25,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 H, W = 60, 90  # the test image; prompts below lie inside it
-COMMANDS = {"convert", "segment", "everything", "align", "random-checkpoint"}
+COMMANDS = {"convert", "segment", "everything", "align", "random-checkpoint", "export"}
 
 
 def run(argv: list[str]) -> int:

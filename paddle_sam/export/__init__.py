@@ -1,0 +1,1 @@
+"""Static export: PIR programs for the image encoder and the prompt decoder."""

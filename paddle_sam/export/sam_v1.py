@@ -1,0 +1,136 @@
+"""Export SAM v1 to two PIR static programs and a manifest.
+
+``image_encoder.{json,pdiparams}``: preprocessed image (B x 3 x S x S, dynamic batch) ->
+image embedding. ``prompt_decoder.{json,pdiparams}``: prompt encoder + mask decoder +
+upscaling, with a dynamic number of points; boxes travel as two points labelled 2 and 3 (as
+in upstream's ONNX export), an optional mask input with a has-mask flag. ``export.json``
+records what a runtime needs (sizes, normalisation, versions, source checksum).
+Preprocessing is not in the graph: the static runtime reuses :class:`ResizeLongestSide` and
+``Sam.preprocess`` exactly as the dynamic predictor does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+from paddle.static import InputSpec
+
+from ..models.sam import Sam
+
+EXPORT_FORMAT = "paddle-sam/sam_v1-static"
+MANIFEST = "export.json"
+PROGRAMS = ("image_encoder", "prompt_decoder")
+
+
+class PromptDecoder(nn.Layer):
+    """Prompt encoder + mask decoder + mask upscaling as one exportable layer.
+
+    Inputs: image_embeddings 1 x C x h x w; point_coords 1 x N x 2 (resized frame);
+    point_labels 1 x N (float: 1 fg, 0 bg, -1 padding, 2 / 3 box corners); mask_input
+    1 x 1 x 4h x 4w; has_mask_input 1 (0 or 1); orig_im_size 2 (int64 H, W).
+    Outputs: masks 1 x M x H x W (logits at the original size), iou_predictions 1 x M,
+    low_res_masks 1 x M x 4h x 4w, with M = all mask tokens (single mask first, then the
+    multimask outputs); the runtime slices them as ``multimask_output`` asks.
+    """
+
+    def __init__(self, sam: Sam) -> None:
+        super().__init__()
+        self.prompt_encoder = sam.prompt_encoder
+        self.mask_decoder = sam.mask_decoder
+        self.img_size = sam.image_encoder.img_size
+
+    def forward(
+        self,
+        image_embeddings: paddle.Tensor,
+        point_coords: paddle.Tensor,
+        point_labels: paddle.Tensor,
+        mask_input: paddle.Tensor,
+        has_mask_input: paddle.Tensor,
+        orig_im_size: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        pe = self.prompt_encoder
+        sparse = pe._embed_points(point_coords, point_labels, pad=False)
+        h, w = pe.image_embedding_size
+        flag = has_mask_input.astype("float32").reshape([1, 1, 1, 1])
+        no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1]).expand([1, -1, h, w])
+        dense = flag * pe._embed_masks(mask_input) + (1.0 - flag) * no_mask
+        low_res, iou = self.mask_decoder.predict_masks(
+            image_embeddings, pe.get_dense_pe(), sparse, dense
+        )
+        return self.postprocess(low_res, orig_im_size), iou, low_res
+
+    def postprocess(self, masks: paddle.Tensor, orig_im_size: paddle.Tensor) -> paddle.Tensor:
+        """The same three steps as ``Sam.postprocess_masks``, with the sizes as tensors."""
+        size = self.img_size
+        masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
+        # ResizeLongestSide.get_preprocess_shape, in float64 like the Python original
+        orig = orig_im_size.astype("float64")
+        scale = float(size) / paddle.max(orig)
+        input_hw = paddle.floor(orig * scale + 0.5).astype("int64")
+        masks = paddle.slice(masks, axes=[2, 3], starts=[0, 0], ends=[input_hw[0], input_hw[1]])
+        out_hw = orig_im_size.astype("int64")
+        return F.interpolate(
+            masks, size=[out_hw[0], out_hw[1]], mode="bilinear", align_corners=False
+        )
+
+
+def export_sam(
+    sam: Sam,
+    out_dir: str | os.PathLike,
+    *,
+    model_type: str | None = None,
+    source_sha256: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Write ``image_encoder.*``, ``prompt_decoder.*`` and ``export.json`` to ``out_dir``."""
+    out = Path(out_dir)
+    files = [f"{p}.{ext}" for p in PROGRAMS for ext in ("json", "pdiparams")] + [MANIFEST]
+    clash = [f for f in files if (out / f).exists()]
+    if clash and not overwrite:
+        raise FileExistsError(
+            f"{out} already has {', '.join(clash)}; pass overwrite=True (--overwrite)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    spec = sam.spec
+    size = spec.image_size
+    grid = spec.image_embedding_size
+    c = spec.prompt_embed_dim
+    sam.eval()
+    paddle.jit.save(
+        sam.image_encoder,
+        str(out / "image_encoder"),
+        input_spec=[InputSpec([None, 3, size, size], "float32", "image")],
+    )
+    paddle.jit.save(
+        PromptDecoder(sam),
+        str(out / "prompt_decoder"),
+        input_spec=[
+            InputSpec([1, c, grid, grid], "float32", "image_embeddings"),
+            InputSpec([1, None, 2], "float32", "point_coords"),
+            InputSpec([1, None], "float32", "point_labels"),
+            InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"),
+            InputSpec([1], "float32", "has_mask_input"),
+            InputSpec([2], "int64", "orig_im_size"),
+        ],
+    )
+    manifest = {
+        "format": EXPORT_FORMAT,
+        "model_type": model_type,
+        "spec": spec.to_dict(),
+        "image_size": size,
+        "pixel_mean": [float(v) for v in sam.pixel_mean.numpy().ravel()],
+        "pixel_std": [float(v) for v in sam.pixel_std.numpy().ravel()],
+        "mask_threshold": float(sam.mask_threshold),
+        "num_mask_tokens": int(sam.mask_decoder.num_mask_tokens),
+        "paddle_version": paddle.__version__,
+        "source_sha256": source_sha256,
+        "programs": {p: [f"{p}.json", f"{p}.pdiparams"] for p in PROGRAMS},
+    }
+    text = json.dumps(manifest, indent=2)
+    (out / MANIFEST).write_text(text + "\n")
+    return json.loads(text)

@@ -1,0 +1,207 @@
+"""PIR static export + Paddle Inference runtime against the dynamic model (tiny config, CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import paddle
+import pytest
+from _pairs import TINY, image
+
+from paddle_sam import SamPredictor, build_sam
+from paddle_sam.deploy import StaticSamPredictor
+from paddle_sam.deploy.static_predictor import ExportFormatError
+from paddle_sam.export.sam_v1 import export_sam
+
+H, W = 150, 230
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    paddle.seed(3)
+    model = build_sam(TINY)
+    d = tmp_path_factory.mktemp("export") / "tiny"
+    manifest = export_sam(model, d, model_type="tiny")
+    return model, d, manifest
+
+
+@pytest.fixture(scope="module")
+def pair(exported):
+    model, d, _ = exported
+    sp, dp = StaticSamPredictor(d), SamPredictor(model)
+    img = image(H, W, seed=4)
+    sp.set_image(img)
+    dp.set_image(img)
+    return sp, dp
+
+
+def _same(a, b):
+    np.testing.assert_allclose(a[2], b[2], atol=1e-4, rtol=0)  # low-res logits
+    np.testing.assert_array_equal(a[0], b[0])  # masks
+    np.testing.assert_allclose(a[1], b[1], atol=1e-5)  # IoU
+
+
+def test_files_and_manifest(exported):
+    _, d, manifest = exported
+    names = sorted(p.name for p in d.iterdir())
+    assert names == sorted(
+        [
+            "export.json",
+            "image_encoder.json",
+            "image_encoder.pdiparams",
+            "prompt_decoder.json",
+            "prompt_decoder.pdiparams",
+        ]
+    )
+    on_disk = json.loads((d / "export.json").read_text())
+    assert on_disk == manifest
+    assert manifest["image_size"] == TINY.image_size
+    assert manifest["pixel_mean"] == pytest.approx([123.675, 116.28, 103.53])
+    assert manifest["paddle_version"] == paddle.__version__
+
+
+def test_image_embedding_identical(pair):
+    sp, dp = pair
+    np.testing.assert_allclose(
+        sp.get_image_embedding(), dp.get_image_embedding().numpy(), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+@pytest.mark.parametrize("multimask", [True, False])
+def test_points(pair, n, multimask):
+    sp, dp = pair
+    rng = np.random.default_rng(n)
+    coords = rng.uniform(0, [W, H], size=(n, 2))
+    labels = rng.integers(0, 2, n)
+    labels[0] = 1
+    _same(
+        sp.predict(coords, labels, multimask_output=multimask),
+        dp.predict(coords, labels, multimask_output=multimask),
+    )
+
+
+def test_box_box_with_points_and_mask_input(pair):
+    sp, dp = pair
+    box = np.array([20, 30, 150, 120])
+    pts, lbl = np.array([[60, 70], [140, 40]]), np.array([1, 0])
+    _same(sp.predict(box=box, multimask_output=False), dp.predict(box=box, multimask_output=False))
+    _same(sp.predict(pts, lbl, box=box), dp.predict(pts, lbl, box=box))
+    prev = dp.predict(pts, lbl)[2][:1]
+    _same(
+        sp.predict(pts, lbl, mask_input=prev, multimask_output=False),
+        dp.predict(pts, lbl, mask_input=prev, multimask_output=False),
+    )
+    logits_s, _, _ = sp.predict(pts, lbl, return_logits=True)
+    logits_d, _, _ = dp.predict(pts, lbl, return_logits=True)
+    np.testing.assert_allclose(logits_s, logits_d, atol=1e-4)
+
+
+def test_same_errors_as_dynamic(pair):
+    sp, _ = pair
+    with pytest.raises(ValueError, match="outside the image"):
+        sp.predict(np.array([[W + 5, 10]]), np.array([1]))
+    with pytest.raises(ValueError, match="at least one point or a box"):
+        sp.predict(mask_input=np.zeros((1, 64, 64), np.float32))
+    with pytest.raises(ValueError, match="H x W x 3"):
+        sp.set_image(np.zeros((10, 10), np.uint8))
+
+
+def test_reload_in_fresh_process(exported, tmp_path):
+    """Nothing but paddle and paddle_sam: the exported folder alone reproduces the masks."""
+    model, d, _ = exported
+    img = image(H, W, seed=9)
+    np.save(tmp_path / "img.npy", img)
+    code = (
+        "import sys, numpy as np\n"
+        "from paddle_sam.deploy import StaticSamPredictor\n"
+        f"p = StaticSamPredictor({str(d)!r})\n"
+        f"p.set_image(np.load({str(tmp_path / 'img.npy')!r}))\n"
+        "m, s, l = p.predict(np.array([[100, 80]]), np.array([1]))\n"
+        f"np.savez({str(tmp_path / 'out.npz')!r}, m=m, s=s, l=l)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    out = np.load(tmp_path / "out.npz")
+    dp = SamPredictor(model)
+    dp.set_image(img)
+    _same((out["m"], out["s"], out["l"]), dp.predict(np.array([[100, 80]]), np.array([1])))
+
+
+def test_corrupt_or_missing_files(exported, tmp_path):
+    _, d, _ = exported
+    with pytest.raises(FileNotFoundError, match="not found"):
+        StaticSamPredictor(tmp_path / "nope")
+    broken = tmp_path / "broken"
+    shutil.copytree(d, broken)
+    (broken / "prompt_decoder.pdiparams").unlink()
+    with pytest.raises(ExportFormatError, match="prompt_decoder.pdiparams is missing"):
+        StaticSamPredictor(broken)
+    shutil.copy(d / "prompt_decoder.pdiparams", broken / "prompt_decoder.pdiparams")
+    (broken / "image_encoder.json").write_text("{ not a program")
+    with pytest.raises(ExportFormatError, match="image_encoder"):
+        StaticSamPredictor(broken)
+    (broken / "export.json").write_text("{}")
+    with pytest.raises(ExportFormatError, match="format"):
+        StaticSamPredictor(broken)
+
+
+def test_options(exported):
+    _, d, _ = exported
+    with pytest.raises(ValueError, match="device"):
+        StaticSamPredictor(d, device="tpu")
+    with pytest.raises(ValueError, match="tensorrt"):
+        StaticSamPredictor(d, backend="tensorrt")
+    # oneDNN requested on a Paddle version where it breaks: a warning and a working predictor
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = StaticSamPredictor(d, onednn=True, memory_optim=True, threads=1)
+    p.set_image(image(40, 60))
+    assert p.predict(np.array([[10, 10]]), np.array([1]))[0].shape == (3, 40, 60)
+    if paddle.__version__.startswith("3.3."):
+        assert any("oneDNN" in str(w.message) for w in caught)
+
+
+def test_export_refuses_to_overwrite(exported):
+    model, d, _ = exported
+    before = (d / "export.json").read_text()
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export_sam(model, d)
+    assert (d / "export.json").read_text() == before
+
+
+def test_cli_export_and_segment_exported(exported, tmp_path):
+    from PIL import Image
+
+    from paddle_sam import cli
+    from paddle_sam.convert.checkpoint import save_pdparams
+
+    model, _, _ = exported
+    ckpt = tmp_path / "tiny.pdparams"
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    save_pdparams(
+        state,
+        ckpt,
+        {
+            "format": "paddle-sam/sam_v1",
+            "model_type": "custom",
+            "spec": TINY.to_dict(),
+            "source": {"sha256": "0" * 64},
+        },
+    )
+    assert cli.main(["export", "--checkpoint", str(ckpt), "-o", str(tmp_path / "exp")]) == 0
+    manifest = json.loads((tmp_path / "exp" / "export.json").read_text())
+    assert manifest["source_sha256"] == "0" * 64
+    Image.fromarray(image(H, W, seed=2)).save(tmp_path / "img.png")
+    common = ["segment", str(tmp_path / "img.png"), "--point", "50,60", "--box", "10,10,200,140"]
+    assert cli.main([*common, "--exported", str(tmp_path / "exp"), "-o", str(tmp_path / "s")]) == 0
+    assert cli.main([*common, "--checkpoint", str(ckpt), "-o", str(tmp_path / "d")]) == 0
+    a = np.asarray(Image.open(tmp_path / "s" / "mask.png"))
+    b = np.asarray(Image.open(tmp_path / "d" / "mask.png"))
+    np.testing.assert_array_equal(a, b)
+    assert cli.main([*common, "--exported", str(tmp_path / "nope"), "-o", str(tmp_path / "x")]) == 2
