@@ -37,10 +37,16 @@ def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
     path = Path(path)
     h = hashlib.sha256()
     size = path.stat().st_size
-    with open(path, "rb") as f, tqdm(
-        total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}",
-        disable=not progress or size < (100 << 20),
-    ) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=size,
+            unit="B",
+            unit_scale=True,
+            desc=f"sha256 {path.name}",
+            disable=not progress or size < (100 << 20),
+        ) as bar,
+    ):
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
             bar.update(len(chunk))
@@ -180,18 +186,8 @@ def load_sam_weights(model: Sam, path: str | os.PathLike) -> None:
     if spec is None:
         raise ValueError("model has no .spec; build it with paddle_sam.build_sam(spec)")
     state = read_weights(path, spec)
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    extra = [k for k in state if k not in expected]
-    wrong = [
-        f"{k}: file {list(np.shape(state[k]))}, model {list(v.shape)}"
-        for k, v in expected.items()
-        if k in state and tuple(np.shape(state[k])) != tuple(v.shape)
-    ]
-    if missing or extra or wrong:
-        raise sam_v1.CheckpointMismatchError(
-            f"{path}: " + sam_v1._mismatch_message(missing, extra, wrong)
-        )
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    sam_v1.check_keys(expected, state, where=f"{path}: ")
     model.set_state_dict(
         {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
     )
@@ -213,10 +209,17 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
                 f"--model-type {model_type} does not match {checkpoint}, converted as "
                 f"{meta.get('model_type')}"
             )
+    elif checkpoint.suffix != PADDLE_SUFFIX:
+        # an official file: read it once, both to check or detect its size and to load it
+        state = load_state_dict(checkpoint)
+        _, spec = resolve_spec(model_type, state)
+        sam = build_sam(spec)
+        sam.set_state_dict(
+            {k: paddle.to_tensor(v) for k, v in sam_v1.convert_state_dict(state, spec).items()}
+        )
+        return sam
     elif model_type is not None:
         _, spec = resolve_spec(model_type)
-    elif checkpoint.suffix != PADDLE_SUFFIX:
-        _, spec = resolve_spec(None, load_state_dict(checkpoint))
     else:
         raise ValueError(
             f"{checkpoint} has no sidecar {sidecar_path(checkpoint).name}; pass the model type"

@@ -137,28 +137,42 @@ def convert_state_dict(
     if is_hf_layout(set(src)):
         src = hf_to_official(src)
     shapes, linear = expected_layout(spec)
-    missing = [k for k in shapes if k not in src]
-    extra = [k for k in src if k not in shapes and k not in DROPPED_KEYS]
-    wrong = []
+    torch_shapes = {k: s[::-1] if k in linear else s for k, s in shapes.items()}
+    wrong = [
+        f"{k}: dtype {np.asarray(v).dtype} is not floating point"
+        for k, v in src.items()
+        if k in shapes and not np.issubdtype(np.asarray(v).dtype, np.floating)
+    ]
+    check_keys(torch_shapes, src, ignore=DROPPED_KEYS, wrong=wrong)
     out: dict[str, np.ndarray] = {}
-    for key, shape in shapes.items():
-        if key not in src:
-            continue
-        value = np.asarray(src[key])
-        if not np.issubdtype(value.dtype, np.floating):
-            wrong.append(f"{key}: dtype {value.dtype} is not floating point")
-            continue
-        torch_shape = shape[::-1] if key in linear else shape
-        if tuple(value.shape) != torch_shape:
-            wrong.append(
-                f"{key}: checkpoint {list(value.shape)}, model expects {list(torch_shape)}"
-            )
-            continue
-        value = value.astype(np.float32, copy=False)
+    for key in shapes:
+        value = np.asarray(src[key]).astype(np.float32, copy=False)
         out[key] = np.ascontiguousarray(value.T) if key in linear else value
-    if missing or extra or wrong:
-        raise CheckpointMismatchError(_mismatch_message(missing, extra, wrong))
     return out
+
+
+def check_keys(
+    expected: Mapping[str, tuple[int, ...]],
+    state: Mapping[str, np.ndarray],
+    *,
+    ignore: Mapping[str, str] | set[str] = (),
+    wrong: list[str] | None = None,
+    where: str = "",
+) -> None:
+    """Raise :class:`CheckpointMismatchError` listing every missing, unexpected (not in
+    ``ignore``) and mis-shaped key of ``state`` against ``expected`` shapes, plus any
+    problems already found (``wrong``); ``where`` prefixes the message (a file name)."""
+    wrong = list(wrong or [])
+    bad = {w.split(":")[0] for w in wrong}
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected and k not in ignore]
+    wrong += [
+        f"{k}: checkpoint {list(np.shape(state[k]))}, model expects {list(s)}"
+        for k, s in expected.items()
+        if k in state and k not in bad and tuple(np.shape(state[k])) != tuple(s)
+    ]
+    if missing or extra or wrong:
+        raise CheckpointMismatchError(where + _mismatch_message(missing, extra, wrong))
 
 
 def _mismatch_message(

@@ -19,6 +19,7 @@ import numpy as np
 import paddle
 from paddle import inference
 
+from .._runtime import cpu_count
 from ..export.sam_v1 import EXPORT_FORMAT, MANIFEST, PROGRAMS
 from ..models.sam import preprocess_image
 from ..predict.predictor import PredictorBase
@@ -116,38 +117,26 @@ class StaticSamPredictor(PredictorBase):
             max_points=max_points,
         )
         self.options = opts
-        self._encoder = self._create("image_encoder", **opts)
-        self._decoder = self._create("prompt_decoder", **opts)
+        self._encoder = self._create("image_encoder", opts)
+        self._decoder = self._create("prompt_decoder", opts)
         self.reset_image()
 
-    def _create(
-        self,
-        prog: str,
-        *,
-        device,
-        threads,
-        backend,
-        ir_optim,
-        memory_optim,
-        onednn,
-        gpu_memory_mb,
-        device_id,
-        max_points,
-    ):
+    def _create(self, prog: str, opts: dict):
+        """A Paddle Inference predictor for one program, configured from ``opts``."""
         cfg = inference.Config(
             str(self.export_dir / f"{prog}.json"), str(self.export_dir / f"{prog}.pdiparams")
         )
-        cfg.switch_ir_optim(ir_optim)
-        if device == "cpu":
+        cfg.switch_ir_optim(opts["ir_optim"])
+        if opts["device"] == "cpu":
             cfg.disable_gpu()
-            cfg.set_cpu_math_library_num_threads(int(threads or len(os.sched_getaffinity(0))))
-            if onednn:
+            cfg.set_cpu_math_library_num_threads(int(opts["threads"] or cpu_count()))
+            if opts["onednn"]:
                 cfg.enable_mkldnn()
             else:
                 cfg.disable_mkldnn()
         else:  # unverified on hardware, see the module docstring
-            cfg.enable_use_gpu(gpu_memory_mb, device_id)
-            if backend == "tensorrt":
+            cfg.enable_use_gpu(opts["gpu_memory_mb"], opts["device_id"])
+            if opts["backend"] == "tensorrt":
                 cfg.enable_tensorrt_engine(
                     workspace_size=1 << 30,
                     max_batch_size=1,
@@ -157,28 +146,18 @@ class StaticSamPredictor(PredictorBase):
                     use_calib_mode=False,
                 )
                 if prog == "prompt_decoder":
-                    self._set_trt_shapes(cfg, max_points)
-        if memory_optim:
+                    self._set_trt_shapes(cfg, opts["max_points"])
+        if opts["memory_optim"]:
             cfg.enable_memory_optim()
         try:
             return inference.create_predictor(cfg)
         except Exception as exc:  # paddle raises ValueError/RuntimeError for config problems
-            if memory_optim:
+            if opts["memory_optim"]:
                 warnings.warn(
                     f"memory optimisation unavailable ({exc}); running without it", stacklevel=3
                 )
-                return self._create(
-                    prog,
-                    device=device,
-                    threads=threads,
-                    backend=backend,
-                    ir_optim=ir_optim,
-                    memory_optim=False,
-                    onednn=onednn,
-                    gpu_memory_mb=gpu_memory_mb,
-                    device_id=device_id,
-                    max_points=max_points,
-                )
+                opts["memory_optim"] = False  # recorded, so the next program does not retry
+                return self._create(prog, opts)
             raise ExportFormatError(f"cannot load {self.export_dir / prog}.json: {exc}") from exc
 
     def _set_trt_shapes(self, cfg, max_points: int) -> None:
