@@ -98,23 +98,42 @@ def cmd_convert(args) -> int:
 
 def cmd_export(args) -> int:
     from .convert.checkpoint import read_sidecar
-    from .export.sam_v1 import export_sam
 
+    if args.format == "onnx":
+        from .export.onnx import _paddle2onnx
+        from .export.onnx import export_onnx as export
+
+        _paddle2onnx()  # the missing extra is reported before the model is loaded
+    else:
+        from .export.sam_v1 import export_sam as export
     sam = _load_model(args)
-    meta = read_sidecar(args.checkpoint) or {}
+    meta = read_sidecar(args.checkpoint) or {} if args.checkpoint else {}
     t = time.perf_counter()
-    export_sam(
+    export(
         sam,
         args.output,
         model_type=args.model_type or meta.get("model_type"),
         source_sha256=(meta.get("source") or {}).get("sha256"),
         overwrite=args.overwrite,
     )
+    ext = "onnx" if args.format == "onnx" else "{json,pdiparams}"
     print(
-        f"exported -> {args.output}/ (image_encoder, prompt_decoder, export.json) "
-        f"in {time.perf_counter() - t:.1f}s"
+        f"exported ({args.format}) -> {args.output}/ (image_encoder.{ext}, prompt_decoder.{ext}, "
+        f"export.json) in {time.perf_counter() - t:.1f}s"
     )
     return 0
+
+
+def _exported_predictor(export_dir: str):
+    """The runtime for an export folder: Paddle Inference, or onnxruntime for ONNX."""
+    from .deploy.static_predictor import StaticSamPredictor, peek_format
+    from .export.onnx import ONNX_FORMAT
+
+    if peek_format(export_dir) == ONNX_FORMAT:
+        from .deploy.onnx_predictor import OnnxSamPredictor
+
+        return OnnxSamPredictor(export_dir)
+    return StaticSamPredictor(export_dir)  # with its own clear errors for anything else
 
 
 def cmd_segment(args) -> int:
@@ -135,11 +154,9 @@ def cmd_segment(args) -> int:
     _prepare_out(out, names, args.overwrite)
 
     if args.exported is not None:
-        from .deploy import StaticSamPredictor
-
         if args.checkpoint is not None:
             raise ValueError("give either --checkpoint or --exported, not both")
-        predictor = StaticSamPredictor(args.exported)
+        predictor = _exported_predictor(args.exported)
     else:
         predictor = SamPredictor(_load_model(args))
     coords = np.array([p[:2] for p in args.point]) if args.point else None
@@ -331,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--exported",
         default=None,
         metavar="DIR",
-        help="run a 'paddle-sam export' folder with Paddle Inference (CPU)",
+        help="run a 'paddle-sam export' folder (Paddle Inference on the CPU, or onnxruntime "
+        "for --format onnx)",
     )
     model_args(s)
     s.set_defaults(func=cmd_segment)
@@ -342,6 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt decoder) for Paddle Inference",
     )
     x.add_argument("-o", "--output", required=True, help="output folder")
+    x.add_argument(
+        "--format",
+        choices=["pir", "onnx"],
+        default="pir",
+        help="pir: Paddle Inference programs (default); onnx: via paddle2onnx (the onnx extra)",
+    )
     x.add_argument("--overwrite", action="store_true")
     model_args(x)
     x.set_defaults(func=cmd_export)

@@ -157,14 +157,38 @@ def test_options(exported):
         StaticSamPredictor(d, device="tpu")
     with pytest.raises(ValueError, match="tensorrt"):
         StaticSamPredictor(d, backend="tensorrt")
-    # oneDNN requested on a Paddle version where it breaks: a warning and a working predictor
+    # memory_optim is refused by Paddle Inference 3.3.x: a warning and a working predictor
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        p = StaticSamPredictor(d, onednn=True, memory_optim=True, threads=1)
+        p = StaticSamPredictor(d, memory_optim=True, threads=1)
     p.set_image(image(40, 60))
     assert p.predict(np.array([[10, 10]]), np.array([1]))[0].shape == (3, 40, 60)
-    if paddle.__version__.startswith("3.3."):
-        assert any("oneDNN" in str(w.message) for w in caught)
+    if not p.options["memory_optim"]:
+        assert any("memory optimisation" in str(w.message) for w in caught)
+    assert p.options["onednn"] == {"image_encoder": False, "prompt_decoder": True}
+
+
+def test_decoder_with_and_without_onednn(exported, pair):
+    """oneDNN runs the decoder by default; Paddle's own kernels give the same answer."""
+    _, d, _ = exported
+    sp, dp = pair
+    plain = StaticSamPredictor(d, onednn=False)
+    assert plain.options["onednn"] == {"image_encoder": False, "prompt_decoder": False}
+    plain.set_image(image(H, W, seed=4))
+    pts, lbl = np.array([[40.0, 50.0], [120, 90]]), np.array([1, 0])
+    for p in (sp, plain):
+        _same(p.predict(pts, lbl), dp.predict(pts, lbl))
+
+
+def test_old_export_version_refused(exported, tmp_path):
+    _, d, _ = exported
+    old = tmp_path / "old"
+    shutil.copytree(d, old)
+    manifest = json.loads((old / "export.json").read_text())
+    manifest["format_version"] = 1
+    (old / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportFormatError, match="export the model again"):
+        StaticSamPredictor(old)
 
 
 def test_export_refuses_to_overwrite(exported):

@@ -20,8 +20,8 @@ import paddle
 from paddle import inference
 
 from .._runtime import cpu_count
-from ..export.sam_v1 import EXPORT_FORMAT, MANIFEST, PROGRAMS
-from ..models.sam import preprocess_image
+from ..export.sam_v1 import EXPORT_FORMAT, FORMAT_VERSION, MANIFEST, PROGRAMS
+from ..models.sam import postprocess_masks, preprocess_image
 from ..predict.predictor import PredictorBase
 from ..predict.transforms import ResizeLongestSide
 
@@ -30,7 +30,16 @@ class ExportFormatError(ValueError):
     """An export folder is missing files or holds something else."""
 
 
-def read_manifest(export_dir: str | os.PathLike) -> dict:
+def peek_format(export_dir: str | os.PathLike) -> str | None:
+    """The ``format`` an export folder's manifest claims, unchecked (None if unreadable)."""
+    try:
+        return json.loads((Path(export_dir) / MANIFEST).read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def read_manifest(export_dir: str | os.PathLike, fmt: str = EXPORT_FORMAT) -> dict:
+    """``export.json`` of an export folder in format ``fmt``, every file it lists checked."""
     d = Path(export_dir)
     if not d.is_dir():
         raise FileNotFoundError(f"export folder not found: {d}")
@@ -41,25 +50,101 @@ def read_manifest(export_dir: str | os.PathLike) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ExportFormatError(f"{path} is not valid JSON: {exc}") from exc
-    if manifest.get("format") != EXPORT_FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        got = manifest.get("format") if isinstance(manifest, dict) else None
+        raise ExportFormatError(f"{path}: format {got!r}, expected {fmt!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
         raise ExportFormatError(
-            f"{path}: format {manifest.get('format')!r}, expected {EXPORT_FORMAT!r}"
+            f"{path}: export format version {manifest.get('format_version')!r}, this "
+            f"paddle-sam reads version {FORMAT_VERSION}; export the model again"
         )
     for prog in PROGRAMS:
-        for ext in ("json", "pdiparams"):
-            f = d / f"{prog}.{ext}"
+        for name in (manifest.get("programs") or {}).get(prog) or [f"{prog} (not listed)"]:
+            f = d / name
             if not f.is_file() or f.stat().st_size == 0:
                 raise ExportFormatError(f"{d}: {f.name} is missing or empty")
     return manifest
 
 
-def _onednn_supported() -> bool:
-    """Paddle Inference 3.3.x + oneDNN + PIR fails on bilinear interpolate (DESIGN.md s4)."""
-    major_minor = tuple(int(v) for v in paddle.__version__.split(".")[:2] if v.isdigit())
-    return major_minor != (3, 3)
+# oneDNN runs the prompt decoder only. Measured on Paddle Inference 3.3.1: oneDNN + PIR fails
+# on bilinear interpolate (DESIGN.md s4), which is why the decoder program has none; on the
+# image encoder its fusion passes fail to build the program, and with the failing pass
+# removed it crashed, so the encoder always runs on Paddle's own CPU kernels.
+ONEDNN_PROGRAMS = ("prompt_decoder",)
 
 
-class StaticSamPredictor(PredictorBase):
+class ExportedSamPredictor(PredictorBase):
+    """What the runtimes of exported programs share: the manifest, the dynamic predictor's
+    own resizing and normalisation, prompt packing (boxes as points labelled 2 and 3)."""
+
+    def __init__(self, export_dir: str | os.PathLike, manifest: dict) -> None:
+        self.export_dir = Path(export_dir)
+        self.manifest = manifest
+        size = int(manifest["image_size"])
+        grid = size // int(manifest["spec"]["vit_patch_size"])
+        self.image_size = size
+        self.transform = ResizeLongestSide(size)
+        self.mask_input_size = (4 * grid, 4 * grid)
+        self.mask_threshold = float(manifest["mask_threshold"])
+        self._mean = paddle.to_tensor(manifest["pixel_mean"], dtype="float32").reshape([3, 1, 1])
+        self._std = paddle.to_tensor(manifest["pixel_std"], dtype="float32").reshape([3, 1, 1])
+        self.reset_image()
+
+    def _run_encoder(self, image: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _run_decoder(
+        self, feeds: dict[str, np.ndarray], multimask_output: bool
+    ) -> tuple[paddle.Tensor, np.ndarray, np.ndarray]:
+        """-> mask logits at the original size (C x H x W), IoU (C), low-res logits (C x h x w)."""
+        raise NotImplementedError
+
+    def _embed(self, input_image: np.ndarray, original_size: tuple[int, int]) -> None:
+        self.reset_image()
+        x = paddle.to_tensor(input_image).transpose([2, 0, 1]).unsqueeze(0)
+        x = preprocess_image(x, self._mean, self._std, self.image_size)
+        self.features = self._run_encoder(x.numpy())
+        self.original_size = tuple(int(v) for v in original_size)
+        self.input_size = tuple(int(v) for v in input_image.shape[:2])
+        self.is_image_set = True
+
+    def _decode(self, coords, labels, box, mask_input, multimask_output, return_logits):
+        pts, lbl = [], []
+        if coords is not None:
+            pts.append(np.asarray(coords, np.float32).reshape(-1, 2))
+            lbl.append(np.asarray(labels, np.float32).reshape(-1))
+        if box is not None:
+            pts.append(np.asarray(box, np.float32).reshape(2, 2))
+            lbl.append(np.array([2, 3], np.float32))
+        elif coords is not None:  # upstream pads point-only prompts with a "not a point"
+            pts.append(np.zeros((1, 2), np.float32))
+            lbl.append(np.array([-1], np.float32))
+        if not pts:
+            raise ValueError(f"{type(self).__name__} needs at least one point or a box")
+        has_mask = mask_input is not None
+        if not has_mask:
+            mask_input = np.zeros((1, *self.mask_input_size), np.float32)
+        feeds = {
+            "image_embeddings": self.features,
+            "point_coords": np.concatenate(pts)[None],
+            "point_labels": np.concatenate(lbl)[None],
+            "mask_input": np.asarray(mask_input, np.float32)[None],
+            "has_mask_input": np.array([1.0 if has_mask else 0.0], np.float32),
+        }
+        masks, iou, low_res = self._run_decoder(feeds, multimask_output)
+        if not return_logits:
+            masks = masks > self.mask_threshold
+        return np.asarray(masks), iou, low_res
+
+    def get_image_embedding(self) -> np.ndarray:
+        """The current image's embedding as numpy: 1 x C x H x W."""
+        self._require_image()
+        return self.features
+
+
+class StaticSamPredictor(ExportedSamPredictor):
+    """``SamPredictor``'s API over a ``paddle-sam export`` folder, on Paddle Inference."""
+
     def __init__(
         self,
         export_dir: str | os.PathLike,
@@ -69,7 +154,7 @@ class StaticSamPredictor(PredictorBase):
         *,
         ir_optim: bool = True,
         memory_optim: bool = False,
-        onednn: bool | None = None,
+        onednn: bool = True,
         gpu_memory_mb: int = 1024,
         device_id: int = 0,
         max_points: int = 64,
@@ -77,7 +162,9 @@ class StaticSamPredictor(PredictorBase):
         """Load an export folder.
 
         device: "cpu" or "gpu"; backend: "paddle" or "tensorrt" (GPU only, FP16, dynamic
-        point count 1..max_points); onednn: None = on where it works (not Paddle 3.3.x).
+        point count 1..max_points); onednn: run the prompt decoder with oneDNN on the CPU
+        (the image encoder never uses it, see ``ONEDNN_PROGRAMS``); if Paddle refuses, it
+        falls back to its own kernels with a warning.
         """
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -85,41 +172,22 @@ class StaticSamPredictor(PredictorBase):
             raise ValueError(f"backend must be 'paddle' or 'tensorrt', got {backend!r}")
         if backend == "tensorrt" and device != "gpu":
             raise ValueError("backend='tensorrt' needs device='gpu'")
-        self.export_dir = Path(export_dir)
-        self.manifest = read_manifest(self.export_dir)
-        size = int(self.manifest["image_size"])
-        grid = size // int(self.manifest["spec"]["vit_patch_size"])
-        self.transform = ResizeLongestSide(size)
-        self.mask_input_size = (4 * grid, 4 * grid)
-        self.mask_threshold = float(self.manifest["mask_threshold"])
-        self._mean = paddle.to_tensor(self.manifest["pixel_mean"], dtype="float32").reshape(
-            [3, 1, 1]
-        )
-        self._std = paddle.to_tensor(self.manifest["pixel_std"], dtype="float32").reshape([3, 1, 1])
-        if onednn is None:
-            onednn = device == "cpu" and _onednn_supported()
-        elif onednn and not _onednn_supported():
-            warnings.warn(
-                f"oneDNN disabled: Paddle Inference {paddle.__version__} with oneDNN fails on "
-                "this model's bilinear resize (PIR attribute conversion); running without it",
-                stacklevel=2,
-            )
-            onednn = False
+        use_onednn = {p: onednn and device == "cpu" and p in ONEDNN_PROGRAMS for p in PROGRAMS}
         opts = dict(
             device=device,
             threads=threads,
             backend=backend,
             ir_optim=ir_optim,
             memory_optim=memory_optim,
-            onednn=onednn,
+            onednn=use_onednn,
             gpu_memory_mb=gpu_memory_mb,
             device_id=device_id,
             max_points=max_points,
         )
         self.options = opts
+        super().__init__(export_dir, read_manifest(export_dir))
         self._encoder = self._create("image_encoder", opts)
         self._decoder = self._create("prompt_decoder", opts)
-        self.reset_image()
 
     def _create(self, prog: str, opts: dict):
         """A Paddle Inference predictor for one program, configured from ``opts``."""
@@ -130,7 +198,7 @@ class StaticSamPredictor(PredictorBase):
         if opts["device"] == "cpu":
             cfg.disable_gpu()
             cfg.set_cpu_math_library_num_threads(int(opts["threads"] or cpu_count()))
-            if opts["onednn"]:
+            if opts["onednn"][prog]:
                 cfg.enable_mkldnn()
             else:
                 cfg.disable_mkldnn()
@@ -152,6 +220,14 @@ class StaticSamPredictor(PredictorBase):
         try:
             return inference.create_predictor(cfg)
         except Exception as exc:  # paddle raises ValueError/RuntimeError for config problems
+            if opts["device"] == "cpu" and opts["onednn"][prog]:
+                warnings.warn(
+                    f"oneDNN failed on {prog} ({str(exc).splitlines()[0][:200]}); "
+                    "running it without oneDNN",
+                    stacklevel=3,
+                )
+                opts["onednn"][prog] = False
+                return self._create(prog, opts)
             if opts["memory_optim"]:
                 warnings.warn(
                     f"memory optimisation unavailable ({exc}); running without it", stacklevel=3
@@ -167,7 +243,6 @@ class StaticSamPredictor(PredictorBase):
             "image_embeddings": [1, c, grid, grid],
             "mask_input": [1, 1, 4 * grid, 4 * grid],
             "has_mask_input": [1],
-            "orig_im_size": [2],
         }
         lo = {**fixed, "point_coords": [1, 1, 2], "point_labels": [1, 1]}
         hi = {**fixed, "point_coords": [1, max_points, 2], "point_labels": [1, max_points]}
@@ -184,49 +259,15 @@ class StaticSamPredictor(PredictorBase):
         predictor.run()
         return [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
 
-    def _embed(self, input_image: np.ndarray, original_size: tuple[int, int]) -> None:
-        self.reset_image()
-        x = paddle.to_tensor(input_image).transpose([2, 0, 1]).unsqueeze(0)
-        x = preprocess_image(x, self._mean, self._std, self.transform.target_length)
-        (self.features,) = self._run(self._encoder, {"image": x.numpy()})
-        self.original_size = tuple(int(v) for v in original_size)
-        self.input_size = tuple(int(v) for v in input_image.shape[:2])
-        self.is_image_set = True
+    def _run_encoder(self, image: np.ndarray) -> np.ndarray:
+        return self._run(self._encoder, {"image": image})[0]
 
-    def _decode(self, coords, labels, box, mask_input, multimask_output, return_logits):
-        pts, lbl = [], []
-        if coords is not None:
-            pts.append(np.asarray(coords, np.float32).reshape(-1, 2))
-            lbl.append(np.asarray(labels, np.float32).reshape(-1))
-        if box is not None:
-            pts.append(np.asarray(box, np.float32).reshape(2, 2))
-            lbl.append(np.array([2, 3], np.float32))
-        elif coords is not None:  # upstream pads point-only prompts with a "not a point"
-            pts.append(np.zeros((1, 2), np.float32))
-            lbl.append(np.array([-1], np.float32))
-        if not pts:
-            raise ValueError("StaticSamPredictor needs at least one point or a box")
-        has_mask = mask_input is not None
-        if not has_mask:
-            mask_input = np.zeros((1, *self.mask_input_size), np.float32)
-        masks, iou, low_res = self._run(
-            self._decoder,
-            {
-                "image_embeddings": self.features,
-                "point_coords": np.concatenate(pts)[None],
-                "point_labels": np.concatenate(lbl)[None],
-                "mask_input": np.asarray(mask_input, np.float32)[None],
-                "has_mask_input": np.array([1.0 if has_mask else 0.0], np.float32),
-                "orig_im_size": np.array(self.original_size, np.int64),
-            },
-        )
+    def _run_decoder(self, feeds, multimask_output):
+        iou, low_res = self._run(self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
-        masks, iou, low_res = masks[0, sl], iou[0, sl], low_res[0, sl]
-        if not return_logits:
-            masks = masks > self.mask_threshold
-        return masks, iou, low_res
-
-    def get_image_embedding(self) -> np.ndarray:
-        """The current image's embedding as numpy: 1 x C x H x W."""
-        self._require_image()
-        return self.features
+        iou, low_res = iou[0, sl], low_res[:, sl]
+        # the dynamic model's own upscaling, on the masks kept only
+        masks = postprocess_masks(
+            paddle.to_tensor(low_res), self.input_size, self.original_size, self.image_size
+        )
+        return masks[0].numpy(), iou, low_res[0]

@@ -1,10 +1,13 @@
 """Export SAM v1 to two PIR static programs and a manifest.
 
 ``image_encoder.{json,pdiparams}``: preprocessed image (B x 3 x S x S, dynamic batch) ->
-image embedding. ``prompt_decoder.{json,pdiparams}``: prompt encoder + mask decoder +
-upscaling, with a dynamic number of points; boxes travel as two points labelled 2 and 3 (as
-in upstream's ONNX export), an optional mask input with a has-mask flag. ``export.json``
-records what a runtime needs (sizes, normalisation, versions, source checksum).
+image embedding. ``prompt_decoder.{json,pdiparams}``: prompt encoder + mask decoder, with a
+dynamic number of points; boxes travel as two points labelled 2 and 3 (as in upstream's ONNX
+export), an optional mask input with a has-mask flag; it returns IoU predictions and low-res
+logits, and the runtime upscales the masks it keeps with the dynamic model's own
+``postprocess_masks``. ``export.json`` records what a runtime needs (sizes, normalisation,
+versions, source checksum). The ONNX export (``export/onnx.py``) keeps the upscaling in the
+decoder graph, with the original image size as an input, as upstream's ONNX model does.
 Preprocessing is not in the graph: the static runtime reuses :class:`ResizeLongestSide` and
 ``Sam.preprocess`` exactly as the dynamic predictor does.
 """
@@ -23,26 +26,35 @@ from paddle.static import InputSpec
 from ..models.sam import Sam
 
 EXPORT_FORMAT = "paddle-sam/sam_v1-static"
+# 2: the Paddle Inference decoder returns low-res logits; the runtime upscales what it keeps
+FORMAT_VERSION = 2
 MANIFEST = "export.json"
 PROGRAMS = ("image_encoder", "prompt_decoder")
 
 
 class PromptDecoder(nn.Layer):
-    """Prompt encoder + mask decoder + mask upscaling as one exportable layer.
+    """Prompt encoder + mask decoder as one exportable layer.
 
     Inputs: image_embeddings 1 x C x h x w; point_coords 1 x N x 2 (resized frame);
     point_labels 1 x N (float: 1 fg, 0 bg, -1 padding, 2 / 3 box corners); mask_input
-    1 x 1 x 4h x 4w; has_mask_input 1 (0 or 1); orig_im_size 2 (int64 H, W).
-    Outputs: masks 1 x M x H x W (logits at the original size), iou_predictions 1 x M,
-    low_res_masks 1 x M x 4h x 4w, with M = all mask tokens (single mask first, then the
-    multimask outputs); the runtime slices them as ``multimask_output`` asks.
+    1 x 1 x 4h x 4w; has_mask_input 1 (0 or 1); with ``upscale``, also orig_im_size 2 (int64
+    H, W). Outputs: iou_predictions 1 x M, low_res_masks 1 x M x 4h x 4w, with M = all mask
+    tokens (single mask first, then the multimask outputs); with ``upscale``, first masks
+    1 x M x H x W (logits at the original size), as upstream's ONNX model does.
+
+    Without ``upscale`` (the Paddle Inference program) the graph has no bilinear resize, so
+    oneDNN can run it on Paddle 3.3.x, and the runtime upscales only the masks it returns.
+    The dense positional encoding is a constant of the grid: stored, not recomputed per call.
     """
 
-    def __init__(self, sam: Sam) -> None:
+    def __init__(self, sam: Sam, upscale: bool = False) -> None:
         super().__init__()
         self.prompt_encoder = sam.prompt_encoder
         self.mask_decoder = sam.mask_decoder
         self.img_size = sam.image_encoder.img_size
+        self.upscale = upscale
+        with paddle.no_grad():
+            self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
 
     def forward(
         self,
@@ -51,21 +63,22 @@ class PromptDecoder(nn.Layer):
         point_labels: paddle.Tensor,
         mask_input: paddle.Tensor,
         has_mask_input: paddle.Tensor,
-        orig_im_size: paddle.Tensor,
-    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        orig_im_size: paddle.Tensor | None = None,
+    ) -> tuple[paddle.Tensor, ...]:
         pe = self.prompt_encoder
         sparse = pe._embed_points(point_coords, point_labels, pad=False)
         h, w = pe.image_embedding_size
-        flag = has_mask_input.astype("float32").reshape([1, 1, 1, 1])
+        has_mask = has_mask_input.reshape([1, 1, 1, 1]) > 0.5
         no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1]).expand([1, -1, h, w])
-        dense = flag * pe._embed_masks(mask_input) + (1.0 - flag) * no_mask
-        low_res, iou = self.mask_decoder.predict_masks(
-            image_embeddings, pe.get_dense_pe(), sparse, dense
-        )
+        dense = paddle.where(has_mask, pe._embed_masks(mask_input), no_mask)
+        md = self.mask_decoder
+        low_res, iou = md.predict_masks(image_embeddings, self.dense_pe, sparse, dense)
+        if not self.upscale:
+            return iou, low_res
         return self.postprocess(low_res, orig_im_size), iou, low_res
 
     def postprocess(self, masks: paddle.Tensor, orig_im_size: paddle.Tensor) -> paddle.Tensor:
-        """The same three steps as ``Sam.postprocess_masks``, with the sizes as tensors."""
+        """``postprocess_masks`` with the sizes as graph tensors (for the ONNX program)."""
         size = self.img_size
         masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
         # ResizeLongestSide.get_preprocess_shape, in float64 like the Python original
@@ -79,6 +92,69 @@ class PromptDecoder(nn.Layer):
         )
 
 
+def decoder_input_spec(spec, upscale: bool) -> list[InputSpec]:
+    """Inputs of the prompt decoder program: a dynamic number of points, batch 1."""
+    grid, c = spec.image_embedding_size, spec.prompt_embed_dim
+    inputs = [
+        InputSpec([1, c, grid, grid], "float32", "image_embeddings"),
+        InputSpec([1, None, 2], "float32", "point_coords"),
+        InputSpec([1, None], "float32", "point_labels"),
+        InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"),
+        InputSpec([1], "float32", "has_mask_input"),
+    ]
+    if upscale:
+        inputs.append(InputSpec([2], "int64", "orig_im_size"))
+    return inputs
+
+
+def save_programs(sam: Sam, out: Path, *, upscale: bool) -> None:
+    """``paddle.jit.save`` the image encoder and the prompt decoder (PIR) into ``out``."""
+    size = sam.spec.image_size
+    sam.eval()
+    paddle.jit.save(
+        sam.image_encoder,
+        str(out / "image_encoder"),
+        input_spec=[InputSpec([None, 3, size, size], "float32", "image")],
+    )
+    paddle.jit.save(
+        PromptDecoder(sam, upscale=upscale),
+        str(out / "prompt_decoder"),
+        input_spec=decoder_input_spec(sam.spec, upscale),
+    )
+
+
+def check_outputs(out: Path, files: list[str], overwrite: bool) -> None:
+    clash = [f for f in files if (out / f).exists()]
+    if clash and not overwrite:
+        raise FileExistsError(
+            f"{out} already has {', '.join(clash)}; pass overwrite=True (--overwrite)"
+        )
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output {out} exists and is not a folder")
+
+
+def write_manifest(out: Path, sam: Sam, fmt: str, programs: dict, **extra) -> dict:
+    """``export.json``: what a runtime needs (sizes, normalisation, versions, checksum)."""
+    manifest = {
+        "format": fmt,
+        "format_version": FORMAT_VERSION,
+        "model_type": extra.pop("model_type", None),
+        "spec": sam.spec.to_dict(),
+        "image_size": sam.spec.image_size,
+        "pixel_mean": [float(v) for v in sam.pixel_mean.numpy().ravel()],
+        "pixel_std": [float(v) for v in sam.pixel_std.numpy().ravel()],
+        "mask_threshold": float(sam.mask_threshold),
+        "num_mask_tokens": int(sam.mask_decoder.num_mask_tokens),
+        "paddle_version": paddle.__version__,
+        "source_sha256": extra.pop("source_sha256", None),
+        "programs": programs,
+        **extra,
+    }
+    text = json.dumps(manifest, indent=2)
+    (out / MANIFEST).write_text(text + "\n")
+    return json.loads(text)
+
+
 def export_sam(
     sam: Sam,
     out_dir: str | os.PathLike,
@@ -89,48 +165,10 @@ def export_sam(
 ) -> dict:
     """Write ``image_encoder.*``, ``prompt_decoder.*`` and ``export.json`` to ``out_dir``."""
     out = Path(out_dir)
-    files = [f"{p}.{ext}" for p in PROGRAMS for ext in ("json", "pdiparams")] + [MANIFEST]
-    clash = [f for f in files if (out / f).exists()]
-    if clash and not overwrite:
-        raise FileExistsError(
-            f"{out} already has {', '.join(clash)}; pass overwrite=True (--overwrite)"
-        )
+    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in PROGRAMS}
+    check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    spec = sam.spec
-    size = spec.image_size
-    grid = spec.image_embedding_size
-    c = spec.prompt_embed_dim
-    sam.eval()
-    paddle.jit.save(
-        sam.image_encoder,
-        str(out / "image_encoder"),
-        input_spec=[InputSpec([None, 3, size, size], "float32", "image")],
+    save_programs(sam, out, upscale=False)
+    return write_manifest(
+        out, sam, EXPORT_FORMAT, programs, model_type=model_type, source_sha256=source_sha256
     )
-    paddle.jit.save(
-        PromptDecoder(sam),
-        str(out / "prompt_decoder"),
-        input_spec=[
-            InputSpec([1, c, grid, grid], "float32", "image_embeddings"),
-            InputSpec([1, None, 2], "float32", "point_coords"),
-            InputSpec([1, None], "float32", "point_labels"),
-            InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"),
-            InputSpec([1], "float32", "has_mask_input"),
-            InputSpec([2], "int64", "orig_im_size"),
-        ],
-    )
-    manifest = {
-        "format": EXPORT_FORMAT,
-        "model_type": model_type,
-        "spec": spec.to_dict(),
-        "image_size": size,
-        "pixel_mean": [float(v) for v in sam.pixel_mean.numpy().ravel()],
-        "pixel_std": [float(v) for v in sam.pixel_std.numpy().ravel()],
-        "mask_threshold": float(sam.mask_threshold),
-        "num_mask_tokens": int(sam.mask_decoder.num_mask_tokens),
-        "paddle_version": paddle.__version__,
-        "source_sha256": source_sha256,
-        "programs": {p: [f"{p}.json", f"{p}.pdiparams"] for p in PROGRAMS},
-    }
-    text = json.dumps(manifest, indent=2)
-    (out / MANIFEST).write_text(text + "\n")
-    return json.loads(text)

@@ -90,21 +90,8 @@ class Sam(nn.Layer):
         input_size: tuple[int, ...],
         original_size: tuple[int, ...],
     ) -> paddle.Tensor:
-        """Low-res logits (B x C x h x w) -> logits at the original image size (B x C x H x W).
-
-        Upscale to the padded encoder input, crop the padding, resize to the original size.
-        """
-        size = self.image_encoder.img_size
-        masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
-        masks = masks[..., : int(input_size[0]), : int(input_size[1])]
-        if tuple(original_size) == tuple(masks.shape[-2:]):
-            return masks  # bilinear resampling to the same size is the identity
-        return F.interpolate(
-            masks,
-            size=[int(original_size[0]), int(original_size[1])],
-            mode="bilinear",
-            align_corners=False,
-        )
+        """Low-res logits (B x C x h x w) -> logits at the original image size (B x C x H x W)."""
+        return postprocess_masks(masks, input_size, original_size, self.image_encoder.img_size)
 
     def preprocess(self, x: paddle.Tensor) -> paddle.Tensor:
         """Normalise a (B x) 3 x h x w resized image and pad it bottom-right to img_size."""
@@ -127,3 +114,24 @@ def preprocess_image(
         # full-rank pad spec: (before, after) for every axis, first axis first
         x = F.pad(x, [0, 0] * (x.ndim - 2) + [0, size - h, 0, size - w], value=0.0)
     return x
+
+
+def postprocess_masks(
+    masks: paddle.Tensor,
+    input_size: tuple[int, ...],
+    original_size: tuple[int, ...],
+    size: int,
+) -> paddle.Tensor:
+    """Upscale low-res logits to the padded size x size input, crop the padding, resize to the
+    original image size (shared with the static runtime, which upscales only the masks it keeps).
+    """
+    masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
+    masks = masks[..., : int(input_size[0]), : int(input_size[1])]
+    if tuple(original_size) == tuple(masks.shape[-2:]):
+        return masks  # bilinear resampling to the same size is the identity
+    return F.interpolate(
+        masks,
+        size=[int(original_size[0]), int(original_size[1])],
+        mode="bilinear",
+        align_corners=False,
+    )
