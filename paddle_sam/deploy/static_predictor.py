@@ -262,6 +262,14 @@ class StaticSamPredictor(ExportedSamPredictor):
     def _run_encoder(self, image: np.ndarray) -> np.ndarray:
         return self._run(self._encoder, {"image": image})[0]
 
+    def release_memory(self) -> None:
+        """Drop both programs' intermediate tensors and shrink Paddle Inference's memory pool
+        (on a GPU, its cached blocks); the next call allocates afresh. For long-running
+        services between bursts of work; the embedding of the current image is kept."""
+        for predictor in (self._encoder, self._decoder):
+            predictor.clear_intermediate_tensor()
+            predictor.try_shrink_memory()
+
     def _run_decoder(self, feeds, multimask_output):
         iou, low_res = self._run(self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)

@@ -254,4 +254,7 @@ class SamPredictor(PredictorBase):
     def reset_image(self) -> None:
         super().reset_image()
         self.dense_pe = None
+        if "gpu" in self.device.lower():
+            # long-running processes: hand the previous image's blocks back to the device
+            paddle.device.cuda.empty_cache()
 
