@@ -3,8 +3,8 @@
 Each predictor runs in a fresh process, so the resident set measured is its own: after a
 warm-up of 300 predictions (every image size, point count and prompt kind seen, so allocator
 pools and oneDNN's per-shape primitives are in place), 1,000 more predictions on four images
-of different sizes must not grow it by more than a few MB. A leak of one low-res mask per call (3 x 64 x 64 floats,
-48 KB) would add ~48 MB.
+of different sizes must not grow it by more than a few MB. A leak of one low-res mask per
+call (3 x 64 x 64 floats, 48 KB) would add ~48 MB.
 """
 
 from __future__ import annotations
