@@ -1,12 +1,16 @@
-"""SAM v1 on the CPU: paddle_sam against the official PyTorch segment-anything, same weights.
+"""SAM v1 on the CPU: paddle_sam (dygraph and static) against the official PyTorch
+segment-anything, same weights.
 
     python benchmarks/bench_sam_v1.py --model-type vit_b [--repeats 3] [--prompts 20]
-        [--rounds 2] [--threads N] [--impl paddle,torch] [--out benchmarks/results]
+        [--rounds 2] [--threads N] [--impl paddle,static,torch] [--out benchmarks/results]
 
 The parent process writes one set of random weights (the official torch model's random init,
-saved as a ``.pth`` and converted to ``.pdparams`` with paddle_sam's converter), then runs each
-implementation in its own subprocess (``--worker paddle|torch``), interleaved for ``--rounds``
-rounds, and reports the median per implementation. Each worker prints one JSON line.
+saved as a ``.pth``, converted to ``.pdparams`` with paddle_sam's converter and exported to
+PIR programs with ``export_sam``), then runs each implementation in its own subprocess
+(``--worker paddle|static|torch``): ``paddle`` is ``SamPredictor`` (dygraph), ``static`` is
+``StaticSamPredictor`` (Paddle Inference), ``torch`` is segment-anything's ``SamPredictor``.
+They are interleaved for ``--rounds`` rounds; the median per implementation is reported, with
+warm-up calls excluded. Each worker prints one JSON line.
 
 This is a measurement, not a test: it has no thresholds and exits 0 whatever the ratios.
 See benchmarks/README.md for what each number means.
@@ -39,7 +43,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "torch")
+IMPLS = ("paddle", "static", "torch")
+RATIOS = ("paddle", "static")  # each over torch
 IMAGE_HW = (768, 1024)
 RESULT_PREFIX = "BENCH_RESULT "
 SEED = 0
@@ -176,6 +181,29 @@ def run_paddle_worker(args: argparse.Namespace) -> dict:
     }
 
 
+def run_static_worker(args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    import paddle_sam
+    from paddle_sam.deploy import StaticSamPredictor
+
+    import_s = time.perf_counter() - t0
+    import paddle
+
+    t0 = time.perf_counter()
+    predictor = StaticSamPredictor(args.checkpoint, threads=args.threads)
+    load_s = time.perf_counter() - t0
+    result = time_predictor(predictor, predictor.get_image_embedding, args)
+    return {
+        "impl": "static",
+        "version": paddle.__version__,
+        "threads": args.threads or paddle_sam._runtime.cpu_count(),
+        "onednn": predictor.options["onednn"],
+        "import_s": import_s,
+        "load_s": load_s,
+        **result,
+    }
+
+
 def run_torch_worker(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import segment_anything
@@ -201,7 +229,8 @@ def run_torch_worker(args: argparse.Namespace) -> dict:
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    run = {"paddle": run_paddle_worker, "torch": run_torch_worker}[args.worker]
+    run = {"paddle": run_paddle_worker, "static": run_static_worker, "torch": run_torch_worker}
+    run = run[args.worker]
     result = run(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB
     print(RESULT_PREFIX + json.dumps(result), flush=True)
@@ -218,21 +247,27 @@ def write_weights(model_type: str, impls: Sequence[str], tmp: Path) -> dict[str,
 
     spec = SAM_SPECS[model_type]
     pdparams = tmp / f"sam_{model_type}.pdparams"
+    paths: dict[str, Path] = {}
     if "torch" not in impls:  # no torch needed: random weights in the official layout
         state = convert_state_dict(random_official_state_dict(spec, seed=SEED), spec)
         save_pdparams(state, pdparams, {"model_type": model_type, "spec": spec.to_dict()})
-        return {"paddle": pdparams}
+    else:
+        import segment_anything
+        import torch
 
-    import segment_anything
-    import torch
-
-    torch.manual_seed(SEED)
-    pth = tmp / f"sam_{model_type}.pth"
-    torch.save(segment_anything.sam_model_registry[model_type]().state_dict(), pth)
-    paths = {"torch": pth}
-    if "paddle" in impls:
+        torch.manual_seed(SEED)
+        pth = tmp / f"sam_{model_type}.pth"
+        torch.save(segment_anything.sam_model_registry[model_type]().state_dict(), pth)
+        paths["torch"] = pth
         convert_checkpoint(pth, pdparams, model_type, progress=False)
+    if "paddle" in impls:
         paths["paddle"] = pdparams
+    if "static" in impls:
+        from paddle_sam.convert.checkpoint import load_sam
+        from paddle_sam.export.sam_v1 import export_sam
+
+        export_sam(load_sam(pdparams, model_type), tmp / "exported", model_type=model_type)
+        paths["static"] = tmp / "exported"
     return paths
 
 
@@ -288,9 +323,9 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def ratio(values: dict[str, float]) -> float | None:
-    if "paddle" in values and "torch" in values and values["torch"] > 0:
-        return values["paddle"] / values["torch"]
+def ratio(values: dict[str, float], impl: str) -> float | None:
+    if impl in values and "torch" in values and values["torch"] > 0:
+        return values[impl] / values["torch"]
     return None
 
 
@@ -298,17 +333,18 @@ def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
     rows = []
     for m in METRICS:
         vals = summary[m.key]
-        r = ratio(vals)
+        rs = [ratio(vals, impl) for impl in RATIOS]
         rows.append(
             [m.label]
             + [f"{vals[i]:.{m.digits}f}" if i in vals else "-" for i in IMPLS]
-            + ["-" if r is None else f"{r:.2f}"]
+            + ["-" if r is None else f"{r:.2f}" for r in rs]
         )
     return rows
 
 
 def format_table(rows: list[list[str]], markdown: bool) -> str:
-    header = ["metric", *IMPLS, "ratio (paddle/torch)"]
+    header = ["metric", "paddle dygraph", "paddle static", "torch"]
+    header += [f"{'dygraph' if i == 'paddle' else i}/torch" for i in RATIOS]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -365,6 +401,11 @@ def machine_info(
         ("paddle-sam", _version("paddle-sam")),
         ("torch", _version("torch")),
         ("segment-anything", _version("segment-anything")),
+        (
+            "static runtime",
+            "Paddle Inference, CPU, oneDNN: "
+            + str((runs.get("static") or [{}])[0].get("onednn", "-")),
+        ),
         ("threads", threads),
         (
             "settings",
@@ -376,15 +417,19 @@ def machine_info(
 
 def agreement(runs: dict[str, list[dict]]) -> str:
     """How close the two outputs are: a sanity check that both did the same work."""
-    if not (runs.get("paddle") and runs.get("torch")):
-        return "output check: needs both implementations"
-    p, t = runs["paddle"][0], runs["torch"][0]
-    diou = np.abs(np.array(p["iou_first_point"]) - np.array(t["iou_first_point"])).max()
-    emb = (p["embedding_mean_abs"], t["embedding_mean_abs"])
-    return (
-        f"output check (same weights): max |IoU paddle - torch| = {diou:.2e}, "
-        f"mean |embedding| {emb[0]:.6f} vs {emb[1]:.6f}"
-    )
+    if not runs.get("torch"):
+        return "output check: needs torch"
+    t = runs["torch"][0]
+    parts = []
+    for impl in RATIOS:
+        if runs.get(impl):
+            p = runs[impl][0]
+            diou = np.abs(np.array(p["iou_first_point"]) - np.array(t["iou_first_point"])).max()
+            parts.append(
+                f"max |IoU {impl} - torch| = {diou:.2e}, mean |embedding| "
+                f"{p['embedding_mean_abs']:.6f} vs {t['embedding_mean_abs']:.6f}"
+            )
+    return "output check (same weights): " + "; ".join(parts)
 
 
 def raw_lines(runs: dict[str, list[dict]]) -> list[str]:
@@ -417,18 +462,13 @@ def write_outputs(
     csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["metric", "label", "paddle", "torch", "ratio_paddle_over_torch"])
+        w.writerow(["metric", "label", *IMPLS, *(f"ratio_{i}_over_torch" for i in RATIOS)])
         for m in METRICS:
             vals = summary[m.key]
-            r = ratio(vals)
             w.writerow(
-                [
-                    m.key,
-                    m.label,
-                    _csv_num(vals.get("paddle")),
-                    _csv_num(vals.get("torch")),
-                    _csv_num(r),
-                ]
+                [m.key, m.label]
+                + [_csv_num(vals.get(i)) for i in IMPLS]
+                + [_csv_num(ratio(vals, i)) for i in RATIOS]
             )
     md = [f"# SAM v1 CPU benchmark: {stem}", ""]
     md += [f"- **{k}**: {v}" for k, v in info]
@@ -436,7 +476,8 @@ def write_outputs(
         "",
         format_table(rows, markdown=True),
         "",
-        "Ratio < 1: paddle_sam is faster / smaller.",
+        "Ratio < 1: paddle_sam is faster / smaller. dygraph = `SamPredictor`, static = "
+        "`StaticSamPredictor` on Paddle Inference (export of the same weights).",
         "",
     ]
     md += [f"- {n}" for n in notes]
@@ -462,7 +503,8 @@ def parent_main(args: argparse.Namespace) -> None:
     print("\n".join(f"{k:>22}: {v}" for k, v in info))
     print()
     print(format_table(rows, markdown=False))
-    print("\nratio < 1: paddle_sam is faster / smaller")
+    print("\nratio < 1: paddle_sam is faster / smaller (dygraph: SamPredictor; static:")
+    print("StaticSamPredictor on Paddle Inference, exported from the same weights)")
     print("\n".join(notes))
     stem = f"sam_v1_{args.model_type}_{started.strftime('%Y%m%d-%H%M%S')}"
     csv_path, md_path = write_outputs(Path(args.out), stem, summary, info, rows, notes)
@@ -505,7 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CPU threads for both (default: each one's own)",
     )
-    p.add_argument("--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,torch")
+    p.add_argument(
+        "--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,static,torch"
+    )
     p.add_argument(
         "--out",
         default=str(Path(__file__).parent / "results"),
