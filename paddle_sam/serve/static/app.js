@@ -235,9 +235,9 @@ function drawPrompts(dragBox = null) {
     ctx.strokeStyle = "#fff";
     ctx.stroke();
   }
-  $("prompt-canvas").dataset.points = JSON.stringify(
-    state.points.map((p) => [p.x, p.y, p.label])
-  );
+  // the prompts as sent, for scripts and tests: [[x, y, label], ...] and [x0, y0, x1, y1]
+  c.dataset.points = JSON.stringify(state.points.map((p) => [p.x, p.y, p.label]));
+  c.dataset.box = JSON.stringify(state.box);
 }
 
 async function sendPrompt() {
