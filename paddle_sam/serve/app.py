@@ -34,7 +34,7 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .._runtime import get_num_threads
+from .._runtime import cpu_count, get_num_threads, set_num_threads
 from ..models.build_sam import SAM_SPECS
 from ..models.sam import Sam
 from ..predict.io import ImageTooLargeError, decode_image
@@ -74,9 +74,15 @@ class ModelService:
 
     STATE_KEYS = ("features", "original_size", "input_size")
 
-    def __init__(self, predictor: PredictorBase, model_type: str | None = None) -> None:
+    def __init__(
+        self, predictor: PredictorBase, model_type: str | None = None, threads: int | None = None
+    ) -> None:
         self.predictor = predictor
         self.lock = threading.Lock()
+        # OpenMP's thread count is per calling thread, and requests run on worker threads
+        # that would otherwise compute on one core: apply the creator's count in each of them
+        self.threads = threads or get_num_threads() or cpu_count()
+        self._configured = threading.local()
         self.state_keys = tuple(getattr(predictor, "session_state_keys", self.STATE_KEYS))
         self.takes_text = bool(getattr(predictor, "takes_text", False))
         self.model: Sam | None = getattr(predictor, "model", None)
@@ -101,8 +107,14 @@ class ModelService:
     def supports_everything(self) -> bool:
         return isinstance(self.predictor, SamPredictor)
 
+    def _use_threads(self) -> None:
+        if not getattr(self._configured, "done", False):
+            set_num_threads(self.threads)
+            self._configured.done = True
+
     def embed(self, image: np.ndarray) -> tuple[dict[str, Any], float]:
         with self.lock:
+            self._use_threads()
             t = time.perf_counter()
             self.predictor.set_image(image)
             seconds = time.perf_counter() - t
@@ -112,6 +124,7 @@ class ModelService:
 
     def predict(self, state: dict[str, Any], **kwargs) -> tuple[np.ndarray, ...]:
         with self.lock:
+            self._use_threads()
             for k, v in state.items():
                 setattr(self.predictor, k, v)
             self.predictor.is_image_set = True
@@ -200,6 +213,7 @@ def _run_everything(service: ModelService, store: SessionStore, session, job, ge
     t = time.perf_counter()
     try:
         with service.lock:
+            service._use_threads()
             records = gen.generate(session.image)
         job.result = [
             {
@@ -316,8 +330,12 @@ def create_app(
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
     session_ttl_s: float | None = DEFAULT_SESSION_TTL_S,
+    threads: int | None = None,
 ) -> FastAPI:
-    """The service and its web page for a SAM model (wrapped in a SamPredictor) or predictor."""
+    """The service and its web page for a SAM model (wrapped in a SamPredictor) or predictor.
+
+    ``threads``: CPU threads per model call (default: the calling thread's current setting).
+    """
     if isinstance(model_or_predictor, Sam):
         predictor: PredictorBase = SamPredictor(model_or_predictor)
     elif isinstance(model_or_predictor, PredictorBase):
@@ -326,7 +344,7 @@ def create_app(
         raise TypeError(
             f"create_app needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
         )
-    service = ModelService(predictor, model_type)
+    service = ModelService(predictor, model_type, threads)
     store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s)
     max_upload = int(max_upload_mb * 2**20)
     jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="everything")
@@ -390,7 +408,7 @@ def create_app(
                 "takes_text": service.takes_text,
                 "everything": service.supports_everything,
             },
-            "threads": get_num_threads(),
+            "threads": service.threads,
             "sessions": store.stats(),
             "limits": {
                 "max_image_pixels": max_image_pixels,

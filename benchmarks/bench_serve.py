@@ -1,0 +1,182 @@
+"""Round trip per click of ``paddle-sam serve``: HTTP request in, mask PNG out, embedding cached.
+
+Starts ``paddle-sam serve`` in its own process on a free loopback port, uploads one image
+(the embedding is computed once), then times prompt requests from a keep-alive client:
+the wall time from sending the request to holding the decoded mask PNG bytes. The server's
+own figures split each request into the model call (prompt encoder + mask decoder +
+upscaling, under the model lock) and the rest of its handler (PNG/RLE encoding).
+
+Without --checkpoint, random ViT-B weights are written in the official layout and
+converted (cached under benchmarks/results/): timings do not depend on the weights.
+
+    python benchmarks/bench_serve.py --clicks 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import io
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "paddle_sam", *args], check=True, cwd=ROOT)
+
+
+def random_vit_b() -> Path:
+    dst = RESULTS / "sam_vit_b_random.pdparams"
+    if not dst.exists():
+        src = RESULTS / "sam_vit_b_random.safetensors"
+        _cli("random-checkpoint", "--model-type", "vit_b", "-o", str(src), "--overwrite")
+        _cli("convert", str(src), str(dst), "--overwrite", "--quiet")
+        src.unlink()
+    return dst
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_image(h: int, w: int) -> bytes:
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([255 * xx / w, 255 * yy / h, 128 + 0 * xx], -1) + rng.normal(0, 8, (h, w, 3))
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--checkpoint", default=None, help="a converted .pdparams (default: random ViT-B)"
+    )
+    ap.add_argument("--clicks", type=int, default=50, help="timed requests per case")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--height", type=int, default=768)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--csv", default=str(RESULTS / "bench_serve.csv"))
+    args = ap.parse_args()
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    ckpt = Path(args.checkpoint) if args.checkpoint else random_vit_b()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "paddle_sam", "serve", "--checkpoint", str(ckpt),
+         "--port", str(port), "--log-level", "warning"],
+        env=env,
+    )  # fmt: skip
+    rows = []
+    try:
+        with httpx.Client(base_url=url, timeout=600) as http:
+            for _ in range(600):
+                try:
+                    health = http.get("/health").json()
+                    break
+                except httpx.TransportError:
+                    if server.poll() is not None:
+                        raise SystemExit("the server exited") from None
+                    time.sleep(0.2)
+            print(f"model {health['model']['type']}, {health['threads']} threads")
+            t = time.perf_counter()
+            r = http.post(
+                "/sessions", files={"image": ("b.png", test_image(args.height, args.width))}
+            )
+            r.raise_for_status()
+            sess = r.json()
+            print(
+                f"upload + embedding {args.width}x{args.height}: {time.perf_counter() - t:.2f} s "
+                f"(model {sess['embed_seconds']:.2f} s)"
+            )
+            sid = sess["session_id"]
+            rng = np.random.default_rng(0)
+            cases = {
+                "1 point, 1 mask, png": dict(outputs=["png"]),
+                "1 point, 1 mask, png+rle": dict(outputs=["png", "rle"]),
+                "1 point, 3 masks, png": dict(outputs=["png"], multimask=True),
+                "box + 2 points, 1 mask, png": dict(outputs=["png"], box=True),
+            }
+            for name, opts in cases.items():
+                wall, model, handler = [], [], []
+                for i in range(args.warmup + args.clicks):
+                    x, y = rng.uniform(0, args.width), rng.uniform(0, args.height)
+                    body = {"points": [[x, y]], "outputs": opts["outputs"]}
+                    if opts.get("multimask"):
+                        body["multimask"] = True
+                    if opts.get("box"):
+                        body["points"].append([x / 2, y / 2])
+                        body["labels"] = [1, 0]
+                        body["box"] = [
+                            x / 4,
+                            y / 4,
+                            min(x + 200, args.width),
+                            min(y + 200, args.height),
+                        ]
+                    t = time.perf_counter()
+                    r = http.post(f"/sessions/{sid}/prompt", json=body)
+                    r.raise_for_status()
+                    answer = r.json()
+                    pngs = [base64.b64decode(m["png"]) for m in answer["masks"]]
+                    dt = time.perf_counter() - t
+                    assert pngs[0][:4] == b"\x89PNG"
+                    if i >= args.warmup:
+                        wall.append(dt * 1e3)
+                        model.append(answer["timings_ms"]["model"])
+                        handler.append(answer["timings_ms"]["total"])
+                rows.append(
+                    {
+                        "case": name,
+                        "requests": len(wall),
+                        "round_trip_median_ms": round(statistics.median(wall), 1),
+                        "round_trip_p90_ms": round(pct(wall, 90), 1),
+                        "model_median_ms": round(statistics.median(model), 1),
+                        "handler_median_ms": round(statistics.median(handler), 1),
+                        "outside_model_median_ms": round(
+                            statistics.median(w - m for w, m in zip(wall, model, strict=True)), 1
+                        ),
+                    }
+                )
+            http.delete(f"/sessions/{sid}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+    cols = list(rows[0])
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    print(" | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    print("-|-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
+    with open(args.csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"-> {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
