@@ -22,6 +22,8 @@ from _server import ThreadedServer, decode_mask_png, png_bytes, tiny_model
 from paddle_sam.serve import create_app
 
 CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.browser
+
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 # without the background-networking flags Chromium's own connections fail on a closed network
 ARGS = [
