@@ -464,13 +464,16 @@ def create_app(
                 form = await request.form(max_files=1, max_fields=4)
             except Exception as exc:  # starlette raises its own MultiPartException
                 raise ApiError(400, "invalid_upload", f"malformed multipart body: {exc}") from None
-            upload = form.get("image")
-            if upload is None or isinstance(upload, str):
-                raise ApiError(
-                    400, "invalid_upload", "multipart upload needs a file field named 'image'"
-                )
-            name = upload.filename or name
-            data = await upload.read(max_upload + 1)
+            try:
+                upload = form.get("image")
+                if upload is None or isinstance(upload, str):
+                    raise ApiError(
+                        400, "invalid_upload", "multipart upload needs a file field named 'image'"
+                    )
+                name = upload.filename or name
+                data = await upload.read(max_upload + 1)
+            finally:
+                await form.close()
         else:
             chunks, size = [], 0
             async for chunk in request.stream():
