@@ -188,4 +188,34 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         href = page.locator("#download-link").get_attribute("href")
         assert href.startswith("data:image/png;base64,")
         page.screenshot(path=str(ARTIFACTS / "e2e_browser.png"))
+
+        # "3 masks": one button per candidate; choosing one shows that mask
+        page.check("#multimask-toggle")
+        wait_version(page, 5)
+        assert page.locator("#mask-choices button").count() == 3
+        page.locator("#mask-choices button").nth(2).click()
+        wait_version(page, 6)
+        shown, _ = overlay_mask(page)
+        last = httpx.get(f"{server.url}/sessions/{sid}/masks/2.png").content
+        np.testing.assert_array_equal(shown, decode_mask_png(last))
+
+        # drag and drop another image: a new session replaces the old one
+        other = make_image(100, 150, seed=6)
+        page.evaluate(
+            """async (b64) => {
+              const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+              const dt = new DataTransfer();
+              dt.items.add(new File([bytes], 'dropped.png', {type: 'image/png'}));
+              const zone = document.getElementById('drop-zone');
+              zone.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true}));
+            }""",
+            base64.b64encode(png_bytes(other)).decode(),
+        )
+        page.wait_for_function(
+            f"document.getElementById('stage').dataset.session !== {sid!r} && "
+            "document.getElementById('status').textContent.startsWith('Ready')",
+            timeout=60_000,
+        )
+        assert page.evaluate("document.getElementById('overlay-canvas').width") == 150
+        assert httpx.get(f"{server.url}/sessions/{sid}").status_code == 404  # the page freed it
     assert errors == []

@@ -501,3 +501,24 @@ def test_model_calls_are_serialised(model, images):
         for t in threads:
             t.join()
     assert len(overlaps) == 40 and max(overlaps) == 1
+
+
+def test_exported_model_is_served(tmp_path, images):
+    """``--exported``: a StaticSamPredictor behind the same API; sessions swap its state too."""
+    from paddle_sam.deploy import StaticSamPredictor
+    from paddle_sam.export.sam_v1 import export_sam
+
+    model = tiny_model(seed=4)
+    export_sam(model, tmp_path / "tiny", model_type="tiny")
+    with TestClient(create_app(StaticSamPredictor(tmp_path / "tiny"))) as c:
+        h = c.get("/health").json()["model"]
+        assert h["type"] == "tiny" and h["runtime"] == "paddle-inference" and not h["everything"]
+        sa, sb = (upload(c, images[k])["session_id"] for k in "ab")
+        ref = StaticSamPredictor(tmp_path / "tiny")
+        for k, sid, pt in [("a", sa, [90, 30]), ("b", sb, [10, 80]), ("a", sa, [20, 100])]:
+            r = prompt(c, sid, points=[pt], multimask=True)
+            ref.set_image(images[k])
+            masks, _, _ = ref.predict(np.array([pt]), np.array([1]))
+            for item, m in zip(r.json()["masks"], masks, strict=True):
+                np.testing.assert_array_equal(png_of(item), m)
+        assert_error(c.post(f"/sessions/{sa}/everything", json={}), 400, "not_supported")
