@@ -522,3 +522,12 @@ def test_exported_model_is_served(tmp_path, images):
             for item, m in zip(r.json()["masks"], masks, strict=True):
                 np.testing.assert_array_equal(png_of(item), m)
         assert_error(c.post(f"/sessions/{sa}/everything", json={}), 400, "not_supported")
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 13), (7, 16), (33, 9)])
+def test_mask_png_round_trip(shape):
+    from paddle_sam.serve.app import mask_png
+
+    m = np.random.default_rng(sum(shape)).random(shape) < 0.5
+    png = mask_png(m)
+    np.testing.assert_array_equal(decode_mask_png(png), m)  # decodes with PIL, same size

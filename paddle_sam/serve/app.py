@@ -14,9 +14,11 @@ from __future__ import annotations
 import base64
 import io
 import math
+import struct
 import threading
 import time
 import warnings
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,7 +32,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -298,11 +299,27 @@ UPLOAD_SCHEMA = {
 # -- helpers -----------------------------------------------------------------------------
 
 
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
 def mask_png(mask: np.ndarray) -> bytes:
-    """H x W bool -> 1-bit PNG (reads back as 0/255 in mode L); fast rather than smallest."""
-    buf = io.BytesIO()
-    Image.fromarray(mask).save(buf, format="PNG", compress_level=1)
-    return buf.getvalue()
+    """H x W bool -> 1-bit grayscale PNG (reads back as 0/255 in mode L).
+
+    Written directly (bit-packed rows, no filter, zlib level 1): about 3x faster than PIL's
+    encoder for a 1024 x 768 mask, and it is on every click's path.
+    """
+    h, w = mask.shape
+    rows = np.zeros((h, (w + 7) // 8 + 1), np.uint8)  # column 0: filter type 0 (none)
+    rows[:, 1:] = np.packbits(mask, axis=1)
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)),
+            _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)),
+            _png_chunk(b"IEND", b""),
+        ]
+    )
 
 
 def _coco_rle(mask: np.ndarray) -> dict:
