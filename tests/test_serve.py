@@ -397,8 +397,9 @@ def test_load_8_clients_50_clicks(model, images):
 
 
 def test_serve_cli_errors(tmp_path, capsys):
-    from paddle_sam.cli import main
+    from paddle_sam.cli import build_parser, main
 
+    assert build_parser().parse_args(["serve"]).host == "127.0.0.1"  # loopback by default
     assert main(["serve", "--port", "0"]) == 2
     assert "checkpoint" in capsys.readouterr().err
     with socket.socket() as s:

@@ -369,7 +369,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        for s in list(store._sessions.values()):
+        for s in store.sessions():
             for j in s.jobs.values():
                 j.cancel.set()
         jobs.shutdown(wait=False, cancel_futures=True)

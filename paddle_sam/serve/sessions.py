@@ -130,6 +130,10 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def sessions(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
     def add(self, session: Session) -> list[Session]:
         """Insert a session; return the sessions evicted to make room."""
         size = session.nbytes
