@@ -4,7 +4,9 @@ Starts ``paddle-sam serve`` in its own process on a free loopback port, uploads 
 (the embedding is computed once), then times prompt requests from a keep-alive client:
 the wall time from sending the request to holding the decoded mask PNG bytes. The server's
 own figures split each request into the model call (prompt encoder + mask decoder +
-upscaling, under the model lock) and the rest of its handler (PNG/RLE encoding).
+upscaling, under the model lock) and the rest of its handler (PNG/RLE encoding). A reference
+row times ``SamPredictor.predict`` alone in this process on the same prompts, interleaved
+with the first case's requests so both see the same machine load.
 
 Without --checkpoint, random ViT-B weights are written in the official layout and
 converted (cached under benchmarks/results/): timings do not depend on the weights.
@@ -63,6 +65,33 @@ def test_image(h: int, w: int) -> bytes:
     return buf.getvalue()
 
 
+REFERENCE_CASE = "1 point, 1 mask, png"
+
+
+def reference_predictor(ckpt: Path, height: int, width: int):
+    """A SamPredictor in this process with a random embedding, to time the decoder alone.
+
+    The prompt decoder's cost does not depend on the embedding's values, so the image
+    encoder (tens of seconds on a CPU) is skipped.
+    """
+    import paddle
+
+    from paddle_sam.convert.checkpoint import load_sam
+    from paddle_sam.predict.predictor import SamPredictor
+
+    p = SamPredictor(load_sam(ckpt))
+    size = p.model.image_encoder.img_size
+    scale = size / max(height, width)
+    grid = p.model.prompt_encoder.image_embedding_size
+    p.features = paddle.randn([1, p.model.prompt_encoder.embed_dim, *grid])
+    with paddle.no_grad():
+        p.dense_pe = p.model.prompt_encoder.get_dense_pe()
+    p.original_size = (height, width)
+    p.input_size = (round(height * scale), round(width * scale))
+    p.is_image_set = True
+    return p
+
+
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
@@ -77,6 +106,12 @@ def main() -> int:
     ap.add_argument("--height", type=int, default=768)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--csv", default=str(RESULTS / "bench_serve.csv"))
+    ap.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip timing SamPredictor.predict in-process next to the first case",
+    )
     args = ap.parse_args()
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -119,8 +154,9 @@ def main() -> int:
                 "1 point, 3 masks, png": dict(outputs=["png"], multimask=True),
                 "box + 2 points, 1 mask, png": dict(outputs=["png"], box=True),
             }
+            direct = reference_predictor(ckpt, args.height, args.width) if args.reference else None
             for name, opts in cases.items():
-                wall, model, handler = [], [], []
+                wall, model, handler, alone = [], [], [], []
                 for i in range(args.warmup + args.clicks):
                     x, y = rng.uniform(0, args.width), rng.uniform(0, args.height)
                     body = {"points": [[x, y]], "outputs": opts["outputs"]}
@@ -142,10 +178,30 @@ def main() -> int:
                     pngs = [base64.b64decode(m["png"]) for m in answer["masks"]]
                     dt = time.perf_counter() - t
                     assert pngs[0][:4] == b"\x89PNG"
+                    if direct is not None and name == REFERENCE_CASE:
+                        # the same prompt in this process, interleaved so both see the same load
+                        t = time.perf_counter()
+                        direct.predict(
+                            np.array(body["points"]), np.array([1]), multimask_output=False
+                        )
+                        if i >= args.warmup:
+                            alone.append((time.perf_counter() - t) * 1e3)
                     if i >= args.warmup:
                         wall.append(dt * 1e3)
                         model.append(answer["timings_ms"]["model"])
                         handler.append(answer["timings_ms"]["total"])
+                if alone:
+                    rows.append(
+                        {
+                            "case": "SamPredictor.predict alone, in-process, no HTTP",
+                            "requests": len(alone),
+                            "round_trip_median_ms": round(statistics.median(alone), 1),
+                            "round_trip_p90_ms": round(pct(alone, 90), 1),
+                            "model_median_ms": round(statistics.median(alone), 1),
+                            "handler_median_ms": "",
+                            "outside_model_median_ms": 0.0,
+                        }
+                    )
                 rows.append(
                     {
                         "case": name,
