@@ -9,6 +9,7 @@ prompts. Saves a screenshot under test-artifacts/. Needs Debian's chromium at
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 from _pairs import image as make_image
 from _server import ThreadedServer, decode_mask_png, png_bytes, tiny_model
+from pycocotools import mask as mask_utils
 
 from paddle_sam.serve import create_app
 
@@ -198,6 +200,40 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         shown, _ = overlay_mask(page)
         last = httpx.get(f"{server.url}/sessions/{sid}/masks/2.png").content
         np.testing.assert_array_equal(shown, decode_mask_png(last))
+
+        # "Segment everything": a background job with a progress bar, then every mask drawn.
+        # A random tiny model passes none of the default quality filters: turn them off here
+        # (and use fewer points, in 4 batches, to keep the test short).
+        jobs = []
+
+        def no_filters(route):
+            body = {**json.loads(route.request.post_data), "pred_iou_thresh": 0.0}
+            body.update(stability_score_thresh=0.0, points_per_side=8, points_per_batch=16)
+            route.continue_(post_data=json.dumps(body))
+
+        page.route("**/everything", no_filters)
+        page.on(
+            "response",
+            lambda r: jobs.append(r.url) if "/everything/" in r.url else None,
+        )
+        page.click("#everything-button")
+        page.wait_for_function(
+            "/^\\d+ masks? in/.test(document.getElementById('status').textContent)",
+            timeout=60_000,
+        )
+        job = httpx.get(jobs[-1]).json()
+        assert job["status"] == "done" and len(job["masks"]) > 0
+        assert page.locator("#status").inner_text().startswith(f"{len(job['masks'])} mask")
+        union = np.zeros(img.shape[:2], bool)
+        for m in job["masks"]:
+            rle = {
+                "size": m["segmentation"]["size"],
+                "counts": m["segmentation"]["counts"].encode(),
+            }
+            union |= mask_utils.decode(rle).astype(bool)
+        shown, _ = overlay_mask(page)
+        np.testing.assert_array_equal(shown, union)  # the page's RLE decoder draws every mask
+        page.screenshot(path=str(ARTIFACTS / "e2e_browser_everything.png"))
 
         # drag and drop another image: a new session replaces the old one
         other = make_image(100, 150, seed=6)

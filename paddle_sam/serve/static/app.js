@@ -455,7 +455,8 @@ async function everything() {
   });
   ctx.putImageData(out, 0, 0);
   $("score").textContent = "";
-  setStatus(`${job.masks.length} masks in ${job.seconds.toFixed(1)} s`);
+  const n = job.masks.length;
+  setStatus(`${n} mask${n === 1 ? "" : "s"} in ${job.seconds.toFixed(1)} s`);
 }
 
 // -- events --
