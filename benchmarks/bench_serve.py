@@ -12,6 +12,7 @@ Without --checkpoint, random ViT-B weights are written in the official layout an
 converted (cached under benchmarks/results/): timings do not depend on the weights.
 
     python benchmarks/bench_serve.py --clicks 50
+    python benchmarks/bench_serve.py --exported sam_vit_b_static/   # Paddle Inference decoder
 """
 
 from __future__ import annotations
@@ -68,26 +69,35 @@ def test_image(h: int, w: int) -> bytes:
 REFERENCE_CASE = "1 point, 1 mask, png"
 
 
-def reference_predictor(ckpt: Path, height: int, width: int):
-    """A SamPredictor in this process with a random embedding, to time the decoder alone.
+def reference_predictor(ckpt: Path | None, exported: Path | None, height: int, width: int):
+    """The server's predictor in this process with a random embedding, to time decoding alone.
 
     The prompt decoder's cost does not depend on the embedding's values, so the image
     encoder (tens of seconds on a CPU) is skipped.
     """
     import paddle
 
-    from paddle_sam.convert.checkpoint import load_sam
-    from paddle_sam.predict.predictor import SamPredictor
+    if exported is not None:
+        from paddle_sam.deploy import StaticSamPredictor
 
-    p = SamPredictor(load_sam(ckpt))
-    size = p.model.image_encoder.img_size
-    scale = size / max(height, width)
-    grid = p.model.prompt_encoder.image_embedding_size
-    p.features = paddle.randn([1, p.model.prompt_encoder.embed_dim, *grid])
-    with paddle.no_grad():
-        p.dense_pe = p.model.prompt_encoder.get_dense_pe()
+        p = StaticSamPredictor(exported)
+        spec = p.manifest["spec"]
+        grid = p.mask_input_size[0] // 4
+        p.features = np.random.default_rng(0).standard_normal(
+            (1, spec["prompt_embed_dim"], grid, grid), dtype=np.float32
+        )
+    else:
+        from paddle_sam.convert.checkpoint import load_sam
+        from paddle_sam.predict.predictor import SamPredictor
+
+        p = SamPredictor(load_sam(ckpt))
+        grid = p.model.prompt_encoder.image_embedding_size
+        p.features = paddle.randn([1, p.model.prompt_encoder.embed_dim, *grid])
+        with paddle.no_grad():
+            p.dense_pe = p.model.prompt_encoder.get_dense_pe()
+    scale = p.transform.target_length / max(height, width)
     p.original_size = (height, width)
-    p.input_size = (round(height * scale), round(width * scale))
+    p.input_size = (int(height * scale + 0.5), int(width * scale + 0.5))
     p.is_image_set = True
     return p
 
@@ -100,6 +110,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--checkpoint", default=None, help="a converted .pdparams (default: random ViT-B)"
+    )
+    ap.add_argument(
+        "--exported", default=None, help="serve a 'paddle-sam export' folder (Paddle Inference)"
     )
     ap.add_argument("--clicks", type=int, default=50, help="timed requests per case")
     ap.add_argument("--warmup", type=int, default=3)
@@ -115,12 +128,14 @@ def main() -> int:
     args = ap.parse_args()
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    ckpt = Path(args.checkpoint) if args.checkpoint else random_vit_b()
+    exported = Path(args.exported) if args.exported else None
+    ckpt = None if exported else Path(args.checkpoint) if args.checkpoint else random_vit_b()
+    source = ["--exported", str(exported)] if exported else ["--checkpoint", str(ckpt)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "paddle_sam", "serve", "--checkpoint", str(ckpt),
+        [sys.executable, "-m", "paddle_sam", "serve", *source,
          "--port", str(port), "--log-level", "warning"],
         env=env,
     )  # fmt: skip
@@ -135,7 +150,10 @@ def main() -> int:
                     if server.poll() is not None:
                         raise SystemExit("the server exited") from None
                     time.sleep(0.2)
-            print(f"model {health['model']['type']}, {health['threads']} threads")
+            print(
+                f"model {health['model']['type']} ({health['model']['runtime']}), "
+                f"{health['threads']} threads"
+            )
             t = time.perf_counter()
             r = http.post(
                 "/sessions", files={"image": ("b.png", test_image(args.height, args.width))}
@@ -154,7 +172,9 @@ def main() -> int:
                 "1 point, 3 masks, png": dict(outputs=["png"], multimask=True),
                 "box + 2 points, 1 mask, png": dict(outputs=["png"], box=True),
             }
-            direct = reference_predictor(ckpt, args.height, args.width) if args.reference else None
+            direct = None
+            if args.reference:
+                direct = reference_predictor(ckpt, exported, args.height, args.width)
             for name, opts in cases.items():
                 wall, model, handler, alone = [], [], [], []
                 for i in range(args.warmup + args.clicks):
@@ -193,7 +213,7 @@ def main() -> int:
                 if alone:
                     rows.append(
                         {
-                            "case": "SamPredictor.predict alone, in-process, no HTTP",
+                            "case": f"{type(direct).__name__}.predict alone, no HTTP",
                             "requests": len(alone),
                             "round_trip_median_ms": round(statistics.median(alone), 1),
                             "round_trip_p90_ms": round(pct(alone, 90), 1),
