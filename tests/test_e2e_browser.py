@@ -254,4 +254,28 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         )
         assert page.evaluate("document.getElementById('overlay-canvas').width") == 150
         assert httpx.get(f"{server.url}/sessions/{sid}").status_code == 404  # the page freed it
-    assert errors == []
+        assert errors == []
+
+        # the server evicts the page's session: the next click re-uploads and still answers
+        dropped = page.locator("#stage").get_attribute("data-session")
+        store = server.server.config.app.state.store
+        budget, store.budget_bytes = store.budget_bytes, other.nbytes + 40_000
+        try:
+            r = httpx.post(f"{server.url}/sessions", files={"image": ("x.png", png_bytes(other))})
+            assert r.status_code == 201
+        finally:
+            store.budget_bytes = budget
+        assert httpx.get(f"{server.url}/sessions/{dropped}").status_code == 410
+        version = int(page.locator("#overlay-canvas").get_attribute("data-version"))
+        click_at(page, 0.5, 0.5)
+        wait_version(page, version + 1)
+        fresh = page.locator("#stage").get_attribute("data-session")
+        assert fresh != dropped
+        points = page.evaluate(
+            "JSON.parse(document.getElementById('prompt-canvas').dataset.points)"
+        )
+        page.uncheck("#multimask-toggle")  # it was left on above: one mask again
+        wait_version(page, version + 2)
+        shown, _ = overlay_mask(page)
+        np.testing.assert_array_equal(shown, api_mask(server.url, fresh, points)[0])
+    assert all("status of 410" in e for e in errors), errors  # the browser logs the 410
