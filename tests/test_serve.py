@@ -253,6 +253,11 @@ def test_bad_prompts(client, images):
     )
     assert_error(r, 422, "invalid_request", "JSON")
     assert_error(client.get("/no/such/route"), 404, "not_found")
+    huge = b'{"points": [' + b"[1, 1], " * 300_000 + b"[1, 1]]}"
+    r = client.post(
+        f"/sessions/{sid}/prompt", content=huge, headers={"content-type": "application/json"}
+    )
+    assert_error(r, 413, "body_too_large", "limit")
     # the session still answers
     assert prompt(client, sid, points=[[10, 10]]).status_code == 200
 

@@ -49,6 +49,7 @@ from .config import (
 from .sessions import Answer, Session, SessionError, SessionStore, nbytes
 
 STATIC_DIR = Path(__file__).parent / "static"
+MAX_JSON_BYTES = 1 << 20
 
 
 class ApiError(Exception):
@@ -385,6 +386,19 @@ def create_app(
     app.state.service = service
     app.state.store = store
 
+    @app.middleware("http")
+    async def _limit_json_bodies(request: Request, call_next):
+        # prompts and job options are small; only the upload route takes large bodies
+        length = request.headers.get("content-length", "")
+        upload = request.url.path.rstrip("/") == "/sessions"
+        if not upload and length.isdigit() and int(length) > MAX_JSON_BYTES:
+            return _error(
+                413,
+                "body_too_large",
+                f"request body of {length} bytes is above the limit of {MAX_JSON_BYTES} bytes",
+            )
+        return await call_next(request)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return _error(exc.status, exc.code, exc.detail)
@@ -437,8 +451,13 @@ def create_app(
 
     # -- sessions --
 
-    def _new_session(data: bytes, name: str) -> Session:
-        with warnings.catch_warnings(record=True) as caught:
+    # decoded images waiting for the model hold memory outside the cache: bound them; and
+    # warnings.catch_warnings is process-wide, so one upload is decoded at a time
+    pending_uploads = threading.BoundedSemaphore(2)
+    decoding = threading.Lock()
+
+    def _decode(data: bytes, name: str) -> tuple[np.ndarray, list[str]]:
+        with decoding, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 image = decode_image(io.BytesIO(data), name, max_image_pixels)
@@ -446,16 +465,20 @@ def create_app(
                 raise ApiError(413, "image_too_large", str(exc)) from None
             except ValueError as exc:
                 raise ApiError(400, "invalid_image", str(exc)) from None
-        notes = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-        # refuse before the (slow) embedding what could never fit in the cache
-        if image.nbytes > store.budget_bytes:
-            raise ApiError(
-                413,
-                "session_too_large",
-                f"{name}: the decoded image alone ({image.nbytes / 2**20:.1f} MiB) exceeds the "
-                f"session memory budget ({store.budget_bytes / 2**20:.1f} MiB)",
-            )
-        state, seconds = service.embed(image)
+        return image, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+    def _new_session(data: bytes, name: str) -> Session:
+        with pending_uploads:
+            image, notes = _decode(data, name)
+            # refuse before the (slow) embedding what could never fit in the cache
+            if image.nbytes > store.budget_bytes:
+                raise ApiError(
+                    413,
+                    "session_too_large",
+                    f"{name}: the decoded image alone ({image.nbytes / 2**20:.1f} MiB) exceeds "
+                    f"the session memory budget ({store.budget_bytes / 2**20:.1f} MiB)",
+                )
+            state, seconds = service.embed(image)
         session = Session(store.new_id(), image, state, seconds, notes=notes)
         store.add(session)
         return session
