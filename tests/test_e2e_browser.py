@@ -117,9 +117,14 @@ def wait_version(page, v: int) -> None:
     )
 
 
+# taller than the page shows it (78% of an 800 px viewport): clicks are mapped through the
+# canvas's display scale
+H, W = 900, 700
+
+
 def test_upload_click_overlay_matches_api(browser_page, tmp_path):
     page, errors = browser_page
-    img = make_image(240, 320, seed=5)
+    img = make_image(H, W, seed=5)
     path = tmp_path / "photo.png"
     path.write_bytes(png_bytes(img))
     with ThreadedServer(create_app(tiny_model(seed=1))) as server:
@@ -135,6 +140,8 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         )
         sid = page.locator("#stage").get_attribute("data-session")
         assert sid
+        shown_height = page.locator("#prompt-canvas").bounding_box()["height"]
+        assert shown_height < 0.8 * H  # displayed scaled down
 
         # left click: a positive point; the overlay shows the API's mask for that point
         click_at(page, 0.35, 0.55)
@@ -173,9 +180,7 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         page.mouse.up()
         wait_version(page, 3)
         box = page.evaluate("JSON.parse(document.getElementById('prompt-canvas').dataset.box)")
-        assert box[0] == pytest.approx(0.1 * 320, abs=2) and box[3] == pytest.approx(
-            0.9 * 240, abs=2
-        )
+        assert box[0] == pytest.approx(0.1 * W, abs=3) and box[3] == pytest.approx(0.9 * H, abs=3)
         shown, _ = overlay_mask(page)
         last = httpx.get(f"{server.url}/sessions/{sid}/masks/0.png").content
         np.testing.assert_array_equal(shown, decode_mask_png(last))  # the server's last answer
