@@ -21,6 +21,7 @@ import argparse
 import base64
 import csv
 import io
+import logging
 import os
 import socket
 import statistics
@@ -126,6 +127,7 @@ def main() -> int:
         help="skip timing SamPredictor.predict in-process next to the first case",
     )
     args = ap.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # paddle's import turns INFO logs on
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     exported = Path(args.exported) if args.exported else None
