@@ -284,3 +284,36 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         shown, _ = overlay_mask(page)
         np.testing.assert_array_equal(shown, api_mask(server.url, fresh, points)[0])
     assert all("status of 410" in e for e in errors), errors  # the browser logs the 410
+
+
+def test_text_box_for_a_model_that_takes_text(browser_page, tmp_path):
+    """The page shows the text box only when /health says the model takes text, and sends it."""
+    from paddle_sam.predict.predictor import SamPredictor
+
+    page, errors = browser_page
+    seen = []
+
+    class TextPredictor(SamPredictor):
+        takes_text = True  # as SAM 3's predictor will declare
+
+        def predict(self, *args, text=None, **kwargs):
+            seen.append(text)
+            return super().predict(*args, **kwargs)
+
+    path = tmp_path / "photo.png"
+    path.write_bytes(png_bytes(make_image(120, 160, seed=7)))
+    with ThreadedServer(create_app(TextPredictor(tiny_model(seed=2)))) as server:
+        page.goto(server.url + "/")
+        page.wait_for_function(
+            "document.getElementById('model-info').textContent.startsWith('model ')"
+        )
+        assert page.locator("#text-form").is_visible()
+        page.set_input_files("#file-input", str(path))
+        page.wait_for_function(
+            "document.getElementById('status').textContent.startsWith('Ready')", timeout=60_000
+        )
+        page.fill("#text-input", "a red disc")
+        page.press("#text-input", "Enter")
+        wait_version(page, 1)
+    assert seen == ["a red disc"]
+    assert errors == []

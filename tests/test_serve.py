@@ -186,6 +186,24 @@ def test_text_prompt_refused_by_sam_v1(images):
         assert_error(r, 400, "text_not_supported", "this model (vit_b) does not take text prompts")
 
 
+def test_text_reaches_a_model_that_takes_text(model, images):
+    """The prompt API's text field, as a SAM 3 predictor will receive it."""
+    seen = []
+
+    class TextPredictor(SamPredictor):
+        takes_text = True
+
+        def predict(self, *args, text=None, **kwargs):
+            seen.append(text)
+            return super().predict(*args, **kwargs)
+
+    with TestClient(create_app(TextPredictor(model))) as c:
+        assert c.get("/health").json()["model"]["takes_text"] is True
+        sid = upload(c, images["b"])["session_id"]
+        r = c.post(f"/sessions/{sid}/prompt", json={"text": "a dog", "points": [[5, 5]]})
+        assert r.status_code == 200 and seen == ["a dog"]
+
+
 # -- robustness: bad input is a 4xx naming the problem, and the server keeps serving --------
 
 
