@@ -555,3 +555,45 @@ def test_mask_png_round_trip(shape):
     m = np.random.default_rng(sum(shape)).random(shape) < 0.5
     png = mask_png(m)
     np.testing.assert_array_equal(decode_mask_png(png), m)  # decodes with PIL, same size
+
+
+def test_session_store_unit():
+    """Byte accounting, LRU order, tombstones and the drop hook, without a model."""
+    from paddle_sam.serve.sessions import (
+        Session,
+        SessionGone,
+        SessionNotFound,
+        SessionStore,
+        SessionTooLarge,
+    )
+
+    dropped = []
+    store = SessionStore(3000, on_drop=lambda s: dropped.append(s.id))
+
+    def make(i: int, nbytes: int = 1000) -> Session:
+        return Session(f"s{i}", np.zeros(nbytes, np.uint8), {"features": None}, 0.0)
+
+    for i in range(3):
+        assert store.add(make(i)) == []
+    store.get("s0")  # s1 is now the least recently used
+    assert [s.id for s in store.add(make(3))] == ["s1"] and dropped == ["s1"]
+    assert store.total_bytes == 3000 and len(store) == 3
+    with pytest.raises(SessionGone, match="evicted"):
+        store.get("s1")
+    with pytest.raises(SessionNotFound):
+        store.get("never")
+    store.delete("s0")
+    assert store.total_bytes == 2000 and dropped == ["s1"]  # a delete is not a drop
+    with pytest.raises(SessionNotFound):
+        store.get("s0")
+    with pytest.raises(SessionTooLarge):
+        store.add(make(9, 3001))
+    # growth is re-measured: s2 grows, the other session is evicted
+    s2 = store.get("s2")
+    s2.image = np.zeros(2500, np.uint8)
+    assert [s.id for s in store.refresh(s2)] == ["s3"] and store.total_bytes == 2500
+    expiring = SessionStore(10_000, ttl_seconds=0.0, on_drop=lambda s: dropped.append(s.id))
+    expiring.add(make(5))
+    with pytest.raises(SessionGone, match="expired"):
+        expiring.get("s5")
+    assert dropped[-1] == "s5"

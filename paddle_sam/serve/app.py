@@ -363,7 +363,12 @@ def create_app(
             f"create_app needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
         )
     service = ModelService(predictor, model_type, threads)
-    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s)
+
+    def cancel_jobs(session: Session) -> None:
+        for j in session.jobs.values():
+            j.cancel.set()
+
+    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s, on_drop=cancel_jobs)
     max_upload = int(max_upload_mb * 2**20)
     jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="everything")
 
@@ -371,8 +376,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         yield
         for s in store.sessions():
-            for j in s.jobs.values():
-                j.cancel.set()
+            cancel_jobs(s)
         jobs.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
@@ -551,9 +555,7 @@ def create_app(
 
     @app.delete("/sessions/{session_id}", summary="free a session (cancels its jobs)")
     def delete_session(session_id: str) -> dict:
-        s = store.delete(session_id)
-        for j in s.jobs.values():
-            j.cancel.set()
+        cancel_jobs(store.delete(session_id))
         return {"deleted": session_id}
 
     @app.post("/sessions/{session_id}/prompt", summary="masks for points, a box, a mask or text")

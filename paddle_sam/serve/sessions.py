@@ -14,6 +14,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +109,14 @@ class SessionStore:
     """
 
     def __init__(
-        self, budget_bytes: int, ttl_seconds: float | None = None, remember: int = 10_000
+        self,
+        budget_bytes: int,
+        ttl_seconds: float | None = None,
+        remember: int = 10_000,
+        on_drop: Callable[[Session], None] | None = None,
     ) -> None:
+        """``on_drop`` is called (under the store's lock: keep it quick) for each session
+        evicted or expired, e.g. to cancel its background jobs."""
         if budget_bytes <= 0:
             raise ValueError(f"memory budget must be positive, got {budget_bytes} bytes")
         self.budget_bytes = int(budget_bytes)
@@ -118,6 +125,7 @@ class SessionStore:
         self._sizes: dict[str, int] = {}
         self._gone: OrderedDict[str, str] = OrderedDict()  # id -> why
         self._remember = remember
+        self._on_drop = on_drop
         self._lock = threading.Lock()
         self.total_bytes = 0
         self.peak_bytes = 0
@@ -204,6 +212,8 @@ class SessionStore:
         self._gone[session_id] = why
         while len(self._gone) > self._remember:
             self._gone.popitem(last=False)
+        if self._on_drop is not None:
+            self._on_drop(s)
         return s
 
     def _evict_locked(self, keep: str) -> list[Session]:
