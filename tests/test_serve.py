@@ -167,6 +167,42 @@ def test_sessions_keep_their_own_embedding(client, model, images):
         np.testing.assert_array_equal(png_of(r.json()["masks"][0]), m[0])
 
 
+def test_embedding_progress(client, images):
+    """GET /uploads/{id} while the upload waits for the model, then when it is done."""
+    service = client.app.state.service
+    uid = "progress-test-1"
+    assert client.get(f"/uploads/{uid}").json()["stage"] == "waiting"
+    result = {}
+    with service.lock:  # the model is busy: the upload waits at the start of its embedding
+        t = threading.Thread(
+            target=lambda: result.update(
+                r=client.post(
+                    f"/sessions?upload_id={uid}",
+                    files={"image": ("x.png", png_bytes(images["b"]), "image/png")},
+                )
+            )
+        )
+        t.start()
+        for _ in range(200):
+            p = client.get(f"/uploads/{uid}").json()
+            if p["stage"] == "embedding":
+                break
+            time.sleep(0.02)
+        assert p == {"upload_id": uid, "stage": "embedding", "done": 0, "total": 4}  # 3 blocks + 1
+    t.join()
+    assert result["r"].status_code == 201
+    assert client.get(f"/uploads/{uid}").json() == {
+        "upload_id": uid,
+        "stage": "done",
+        "done": 4,
+        "total": 4,
+    }
+    bad = client.post(
+        "/sessions?upload_id=../x", content=b"x", headers={"content-type": "image/png"}
+    )
+    assert_error(bad, 400, "invalid_upload_id")
+
+
 def test_raw_body_upload_and_delete(client, images):
     r = client.post(
         "/sessions", content=png_bytes(images["b"]), headers={"content-type": "image/png"}

@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 import struct
 import threading
 import time
 import warnings
 import zlib
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from .sessions import Answer, Session, SessionError, SessionStore, nbytes
 
 STATIC_DIR = Path(__file__).parent / "static"
 MAX_JSON_BYTES = 1 << 20
+UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
 
 class ApiError(Exception):
@@ -90,6 +93,8 @@ class ModelService:
         self.model: Sam | None = getattr(predictor, "model", None)
         self.model_type, self.spec = self._describe(model_type)
         self.last_embed_seconds: float | None = None
+        # upload id -> [encoder blocks done, blocks in all]; the latest uploads only
+        self.embed_progress: OrderedDict[str, list[int]] = OrderedDict()
 
     def _describe(self, model_type: str | None) -> tuple[str, dict | None]:
         manifest = getattr(self.predictor, "manifest", None)
@@ -114,13 +119,42 @@ class ModelService:
             set_num_threads(self.threads)
             self._configured.done = True
 
-    def embed(self, image: np.ndarray) -> tuple[dict[str, Any], float]:
+    def _track(self, upload_id: str | None) -> list[int]:
+        blocks = getattr(getattr(self.model, "image_encoder", None), "blocks", None)
+        # one step per encoder block, and a last one when the embedding is ready
+        progress = [0, len(blocks) + 1 if blocks is not None else 0]
+        if upload_id is not None:
+            self.embed_progress[upload_id] = progress
+            while len(self.embed_progress) > 256:
+                self.embed_progress.popitem(last=False)
+        return progress
+
+    def embed(
+        self, image: np.ndarray, upload_id: str | None = None
+    ) -> tuple[dict[str, Any], float]:
+        """Embed an image; with ``upload_id``, count encoder blocks done for progress polls."""
+        progress = self._track(upload_id)
         with self.lock:
             self._use_threads()
+            hooks = []
+            if upload_id is not None and progress[1]:
+
+                def block_done(layer, inputs, output) -> None:
+                    progress[0] += 1
+
+                hooks = [
+                    b.register_forward_post_hook(block_done)
+                    for b in self.model.image_encoder.blocks
+                ]
             t = time.perf_counter()
-            self.predictor.set_image(image)
+            try:
+                self.predictor.set_image(image)
+            finally:
+                for h in hooks:
+                    h.remove()
             seconds = time.perf_counter() - t
             state = {k: getattr(self.predictor, k) for k in self.state_keys}
+        progress[0] = progress[1]
         self.last_embed_seconds = seconds
         return state, seconds
 
@@ -471,7 +505,7 @@ def create_app(
                 raise ApiError(400, "invalid_image", str(exc)) from None
         return image, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
 
-    def _new_session(data: bytes, name: str) -> Session:
+    def _new_session(data: bytes, name: str, upload_id: str | None = None) -> Session:
         with pending_uploads:
             image, notes = _decode(data, name)
             # refuse before the (slow) embedding what could never fit in the cache
@@ -482,7 +516,7 @@ def create_app(
                     f"{name}: the decoded image alone ({image.nbytes / 2**20:.1f} MiB) exceeds "
                     f"the session memory budget ({store.budget_bytes / 2**20:.1f} MiB)",
                 )
-            state, seconds = service.embed(image)
+            state, seconds = service.embed(image, upload_id)
         session = Session(store.new_id(), image, state, seconds, notes=notes)
         store.add(session)
         return session
@@ -493,7 +527,13 @@ def create_app(
         summary="upload an image (multipart field 'image', or the raw bytes); embeds it once",
         openapi_extra=UPLOAD_SCHEMA,
     )
-    async def create_session(request: Request) -> dict:
+    async def create_session(request: Request, upload_id: str | None = None) -> dict:
+        """``upload_id`` (8-64 letters, digits, '-' or '_', chosen by the client) lets it poll
+        ``GET /uploads/{upload_id}`` for the embedding's progress while this request runs."""
+        if upload_id is not None and not UPLOAD_ID.fullmatch(upload_id):
+            raise ApiError(
+                400, "invalid_upload_id", "upload_id must be 8-64 letters, digits, '-' or '_'"
+            )
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_upload:
             raise ApiError(
@@ -532,7 +572,7 @@ def create_app(
             )
         if not data:
             raise ApiError(400, "invalid_upload", "empty upload: send an image file")
-        session = await run_in_threadpool(_new_session, data, name)
+        session = await run_in_threadpool(_new_session, data, name, upload_id)
         return {
             "session_id": session.id,
             "width": session.width,
@@ -540,6 +580,16 @@ def create_app(
             "embed_seconds": round(session.embed_seconds, 4),
             "notes": session.notes,
         }
+
+    @app.get("/uploads/{upload_id}", summary="progress of an upload's embedding")
+    def upload_progress(upload_id: str) -> dict:
+        p = service.embed_progress.get(upload_id)
+        if p is None:
+            # not started yet (still uploading or decoding), or unknown
+            return {"upload_id": upload_id, "stage": "waiting", "done": 0, "total": 0}
+        done, total = p
+        stage = "done" if total and done >= total else "embedding"
+        return {"upload_id": upload_id, "stage": stage, "done": done, "total": total}
 
     @app.get("/sessions/{session_id}", summary="a session's size and state")
     def get_session(session_id: str) -> dict:

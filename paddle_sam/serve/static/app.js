@@ -67,16 +67,25 @@ async function loadHealth() {
 
 // -- upload --
 
+function newUploadId() {
+  if (window.crypto && crypto.randomUUID) return crypto.randomUUID();
+  return Array.from({ length: 24 }, () => Math.floor(Math.random() * 36).toString(36)).join("");
+}
+
 function upload(file) {
   // XMLHttpRequest rather than fetch: it reports upload progress
   return new Promise((resolve, reject) => {
     const xhr = new XMLHttpRequest();
     const form = new FormData();
     form.append("image", file, file.name || "image");
-    xhr.open("POST", "/sessions");
+    const uploadId = newUploadId();
+    xhr.open("POST", `/sessions?upload_id=${uploadId}`);
     xhr.responseType = "json";
+    // the server counts image-encoder blocks; without that (exported models) the bar follows
+    // the last embedding's duration
     const estimate = (state.health && state.health.last_embed_seconds) || null;
     let timer = null;
+    let polling = false;
     const started = { t: 0 };
     xhr.upload.onprogress = (e) => {
       if (e.lengthComputable) {
@@ -87,13 +96,26 @@ function upload(file) {
     xhr.upload.onload = () => {
       started.t = performance.now();
       setProgress(estimate ? 0 : undefined);
-      timer = setInterval(() => {
+      timer = setInterval(async () => {
         const s = (performance.now() - started.t) / 1000;
-        const tail = estimate ? ` (about ${estimate.toFixed(1)} s)` : "";
-        setStatus(`Computing the image embedding… ${s.toFixed(1)} s${tail}`);
-        if (estimate) setProgress(Math.min(0.95, s / estimate));
-      }, 100);
+        let fraction = estimate ? Math.min(0.95, s / estimate) : undefined;
+        if (!polling) {
+          polling = true;
+          try {
+            const p = await (await fetch(`/uploads/${uploadId}`)).json();
+            if (p.total) state.embedFraction = p.done / p.total;
+          } catch (_) {
+            // progress is a nicety: the upload itself reports any failure
+          }
+          polling = false;
+        }
+        if (state.embedFraction !== undefined) fraction = state.embedFraction;
+        const pct = fraction !== undefined ? ` ${Math.round(100 * fraction)}%` : "";
+        setStatus(`Computing the image embedding…${pct} (${s.toFixed(1)} s)`);
+        setProgress(fraction);
+      }, 250);
     };
+    state.embedFraction = undefined;
     xhr.onload = () => {
       clearInterval(timer);
       if (xhr.status === 201) resolve(xhr.response);
