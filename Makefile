@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := outputs/demo
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-serve chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,14 +33,33 @@ demo: $(VENV)/.installed
 		--checkpoint $(DEMO)/sam_vit_b_random.pdparams -o $(DEMO)/everything --overwrite
 	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/"
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test chromium
 	$(BIN)/python -m pytest -q
+
+# the browser test drives Debian's chromium (playwright never downloads one): install it once
+# as root (CI); elsewhere say why the browser test will skip. Quick when already installed.
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium for the browser test (apt-get)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	      (apt-get update -qq && apt-get install -y -qq chromium >/dev/null); \
+	    test -x /usr/bin/chromium; \
+	  else \
+	    echo "NOTE: /usr/bin/chromium missing and not root: the browser test will skip" \
+	         "(sudo apt-get install -y chromium)"; \
+	  fi; \
+	fi
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check paddle_sam tests benchmarks
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_sam_v1.py --model-type vit_b
+
+bench-serve: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/bench_serve.py
 
 clean:
 	rm -rf $(VENV) outputs test-artifacts .pytest_cache

@@ -1,4 +1,4 @@
-"""``paddle-sam``: convert, segment, everything, align.
+"""``paddle-sam``: convert, segment, everything, align, export, serve.
 
 Run ``paddle-sam COMMAND --help`` for each command's options. Errors in what the user gave
 (files, prompts, arguments) print one line naming the problem and exit with status 2.
@@ -291,6 +291,7 @@ def cmd_random_checkpoint(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .models.build_sam import SAM_SPECS
+    from .serve import cli as serve_cli
 
     types = sorted(SAM_SPECS)
     p = argparse.ArgumentParser(prog="paddle-sam", description=__doc__.split("\n")[0])
@@ -410,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", required=True)
     r.add_argument("--overwrite", action="store_true")
     r.set_defaults(func=cmd_random_checkpoint)
+
+    serve_cli.add_parser(sub, model_args)
     return p
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
 
 # well above any camera image, well below what would exhaust memory on a small machine
 MAX_IMAGE_PIXELS = 100_000_000
+
+
+class ImageTooLargeError(ValueError):
+    """An image whose pixel count is above the allowed limit (decompression bombs included)."""
 
 
 def load_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
@@ -21,38 +26,49 @@ def load_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.nda
     ``max_pixels`` (default: :data:`MAX_IMAGE_PIXELS`, read at call time) are refused.
     """
     path = Path(path)
-    if max_pixels is None:
-        max_pixels = MAX_IMAGE_PIXELS
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
+    return decode_image(path, str(path), max_pixels)
+
+
+def decode_image(
+    source: str | os.PathLike | BinaryIO, name: str = "image", max_pixels: int | None = None
+) -> np.ndarray:
+    """:func:`load_image` for a path or an open binary file (e.g. an upload in memory).
+
+    ``name`` starts every error and warning message. Raises :class:`ImageTooLargeError` over
+    ``max_pixels`` and ``ValueError`` for anything that is not a readable image.
+    """
+    if max_pixels is None:
+        max_pixels = MAX_IMAGE_PIXELS
     try:
         with warnings.catch_warnings():
             # our own limit below is the one that applies, not PIL's lower warning threshold
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(source) as im:
                 if im.width * im.height > max_pixels:
-                    raise ValueError(
-                        f"{path}: {im.width}x{im.height} pixels is above the limit of "
+                    raise ImageTooLargeError(
+                        f"{name}: {im.width}x{im.height} pixels is above the limit of "
                         f"{max_pixels} pixels"
                     )
                 im.load()
                 im = ImageOps.exif_transpose(im)
     except Image.DecompressionBombError as exc:
-        raise ValueError(f"{path}: image too large ({exc})") from exc
+        raise ImageTooLargeError(f"{name}: image too large ({exc})") from exc
     except UnidentifiedImageError as exc:
-        raise ValueError(f"{path}: not a readable image ({exc})") from exc
+        raise ValueError(f"{name}: not a readable image ({exc})") from exc
     except OSError as exc:  # truncated or damaged files
-        raise ValueError(f"{path}: damaged or truncated image ({exc})") from exc
+        raise ValueError(f"{name}: damaged or truncated image ({exc})") from exc
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(im).astype(np.float64)
         top = 65535.0 if arr.max(initial=0) > 255 or im.mode.startswith("I;16") else 255.0
-        warnings.warn(f"{path}: {im.mode} image scaled to 8 bits", stacklevel=2)
+        warnings.warn(f"{name}: {im.mode} image scaled to 8 bits", stacklevel=2)
         arr = np.clip(np.round(arr * 255.0 / top), 0, 255).astype(np.uint8)
         return np.repeat(arr[..., None], 3, axis=2)
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
-        warnings.warn(f"{path}: alpha channel dropped", stacklevel=2)
+        warnings.warn(f"{name}: alpha channel dropped", stacklevel=2)
     if im.mode == "F":
-        raise ValueError(f"{path}: floating-point images are not supported; save it as 8-bit")
+        raise ValueError(f"{name}: floating-point images are not supported; save it as 8-bit")
     return np.asarray(im.convert("RGB"))
 
 

@@ -1,0 +1,239 @@
+"""Sessions: one uploaded image and its embedding, in an LRU cache bounded by bytes.
+
+A session holds what a prompt needs without recomputing the embedding: the predictor state
+captured after ``set_image`` (embedding, sizes), the image itself (for "everything" crops),
+and the last answer (low-res logits for mask refinement, mask PNGs for download). Its size
+is the sum of the bytes of those arrays; the store evicts least recently used sessions to
+stay within its budget, and remembers evicted ids so their clients are told to re-upload
+instead of "not found".
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def nbytes(x: Any) -> int:
+    """Bytes held by a numpy array, a Paddle tensor, bytes, or a list/tuple/dict of them."""
+    if x is None:
+        return 0
+    if isinstance(x, np.ndarray | bytes | bytearray):
+        return x.nbytes if isinstance(x, np.ndarray) else len(x)
+    if isinstance(x, list | tuple):
+        return sum(nbytes(v) for v in x)
+    if isinstance(x, dict):
+        return sum(nbytes(v) for v in x.values())
+    if hasattr(x, "numel") and hasattr(x, "element_size"):  # paddle.Tensor
+        return int(x.numel()) * int(x.element_size())
+    return 0
+
+
+@dataclass
+class Answer:
+    """The last prediction of a session: kept for refinement and downloads."""
+
+    low_res_logits: np.ndarray  # C x h x w float32
+    scores: np.ndarray  # C
+    pngs: list[bytes]
+    best: int
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.low_res_logits) + nbytes(self.scores) + nbytes(self.pngs)
+
+
+@dataclass
+class Session:
+    id: str
+    image: np.ndarray  # H x W x 3 uint8
+    state: dict[str, Any]  # the predictor's attributes after set_image
+    embed_seconds: float
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    answer: Answer | None = None
+    jobs: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # warnings from decoding the upload
+    # serialises a session's own read-modify-write of ``answer`` across concurrent requests
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def height(self) -> int:
+        return int(self.image.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.image.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        jobs = sum(getattr(j, "nbytes", 0) for j in self.jobs.values())
+        answer = self.answer.nbytes if self.answer is not None else 0
+        return nbytes(self.image) + nbytes(self.state) + answer + jobs
+
+
+class SessionError(Exception):
+    """Base of the errors a client gets for a session id; ``status`` is the HTTP status."""
+
+    status = 404
+    code = "session_not_found"
+
+
+class SessionNotFound(SessionError):
+    pass
+
+
+class SessionGone(SessionError):
+    status = 410
+    code = "session_expired"
+
+
+class SessionTooLarge(SessionError):
+    status = 413
+    code = "session_too_large"
+
+
+class SessionStore:
+    """Thread-safe LRU of sessions under a byte budget, with an optional idle timeout.
+
+    ``touch`` and ``refresh`` re-measure a session after it grew and evict others (least
+    recently used first) until the total fits again. A session alone larger than the budget
+    is refused with :class:`SessionTooLarge`.
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        ttl_seconds: float | None = None,
+        remember: int = 10_000,
+        on_drop: Callable[[Session], None] | None = None,
+    ) -> None:
+        """``on_drop`` is called (under the store's lock: keep it quick) for each session
+        evicted or expired, e.g. to cancel its background jobs."""
+        if budget_bytes <= 0:
+            raise ValueError(f"memory budget must be positive, got {budget_bytes} bytes")
+        self.budget_bytes = int(budget_bytes)
+        self.ttl_seconds = ttl_seconds
+        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._gone: OrderedDict[str, str] = OrderedDict()  # id -> why
+        self._remember = remember
+        self._on_drop = on_drop
+        self._lock = threading.Lock()
+        self.total_bytes = 0
+        self.peak_bytes = 0
+        self.evictions = 0
+
+    @staticmethod
+    def new_id() -> str:
+        return secrets.token_urlsafe(12)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def sessions(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def add(self, session: Session) -> list[Session]:
+        """Insert a session; return the sessions evicted to make room."""
+        size = session.nbytes
+        if size > self.budget_bytes:
+            raise SessionTooLarge(
+                f"this image needs {size / 2**20:.1f} MiB in the session cache (image + "
+                f"embedding), above the server's budget of {self.budget_bytes / 2**20:.1f} MiB; "
+                "upload a smaller image or start the server with a larger --memory-budget-mb"
+            )
+        with self._lock:
+            self._expire_locked()
+            self._sessions[session.id] = session
+            self._sizes[session.id] = size
+            self.total_bytes += size
+            return self._evict_locked(keep=session.id)
+
+    def get(self, session_id: str) -> Session:
+        """The session, marked most recently used; raises a :class:`SessionError`."""
+        with self._lock:
+            self._expire_locked()
+            s = self._sessions.get(session_id)
+            if s is None:
+                why = self._gone.get(session_id)
+                if why is not None:
+                    raise SessionGone(
+                        f"session {session_id} {why}; upload the image again for a new session"
+                    )
+                raise SessionNotFound(f"unknown session {session_id!r} (never created or deleted)")
+            self._sessions.move_to_end(session_id)
+            s.last_used = time.monotonic()
+            return s
+
+    def refresh(self, session: Session) -> list[Session]:
+        """Re-measure a session after it changed; evict others if the total is over budget."""
+        size = session.nbytes
+        with self._lock:
+            if session.id not in self._sessions:
+                return []
+            self.total_bytes += size - self._sizes[session.id]
+            self._sizes[session.id] = size
+            return self._evict_locked(keep=session.id)
+
+    def delete(self, session_id: str) -> Session:
+        with self._lock:
+            s = self._sessions.pop(session_id, None)
+            if s is None:
+                if session_id in self._gone:
+                    raise SessionGone(f"session {session_id} {self._gone[session_id]}")
+                raise SessionNotFound(f"unknown session {session_id!r} (never created or deleted)")
+            self.total_bytes -= self._sizes.pop(session_id)
+            return s
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            self._expire_locked()
+            return {
+                "count": len(self._sessions),
+                "bytes": self.total_bytes,
+                "peak_bytes": self.peak_bytes,
+                "budget_bytes": self.budget_bytes,
+                "evictions": self.evictions,
+                "ttl_seconds": self.ttl_seconds,
+            }
+
+    def _drop_locked(self, session_id: str, why: str) -> Session:
+        s = self._sessions.pop(session_id)
+        self.total_bytes -= self._sizes.pop(session_id)
+        self._gone[session_id] = why
+        while len(self._gone) > self._remember:
+            self._gone.popitem(last=False)
+        if self._on_drop is not None:
+            self._on_drop(s)
+        return s
+
+    def _evict_locked(self, keep: str) -> list[Session]:
+        evicted = []
+        while self.total_bytes > self.budget_bytes:
+            victim = next((k for k in self._sessions if k != keep), None)
+            if victim is None:
+                break
+            evicted.append(
+                self._drop_locked(
+                    victim, "was evicted from the cache to stay within the server's memory budget"
+                )
+            )
+            self.evictions += 1
+        self.peak_bytes = max(self.peak_bytes, self.total_bytes)
+        return evicted
+
+    def _expire_locked(self) -> None:
+        if self.ttl_seconds is None:
+            return
+        limit = time.monotonic() - self.ttl_seconds
+        for k in [k for k, s in self._sessions.items() if s.last_used < limit]:
+            self._drop_locked(k, f"expired after {self.ttl_seconds:g} s without use")
