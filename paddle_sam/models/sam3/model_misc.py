@@ -27,9 +27,7 @@ def inverse_sigmoid(x: paddle.Tensor, eps: float = 1e-3) -> paddle.Tensor:
 def _as_additive(mask: paddle.Tensor, dtype: paddle.dtype) -> paddle.Tensor:
     """Bool mask (True = masked out) -> 0 / -inf; float masks are returned as they are."""
     if mask.dtype == paddle.bool:
-        return paddle.where(
-            mask, paddle.full([], float("-inf"), dtype), paddle.zeros([], dtype)
-        )
+        return paddle.where(mask, paddle.full([], float("-inf"), dtype), paddle.zeros([], dtype))
     return mask.astype(dtype)
 
 
@@ -166,7 +164,7 @@ class DotProductScoring(nn.Layer):
     def forward(
         self, hs: paddle.Tensor, prompt: paddle.Tensor, prompt_mask: paddle.Tensor
     ) -> paddle.Tensor:
-        """hs: ``L x B x Q x C``; prompt: ``S x B x C``; prompt_mask: ``B x S`` -> ``L x B x Q x 1``."""
+        """hs ``L x B x Q x C``, prompt ``S x B x C``, prompt_mask ``B x S`` -> ``L x B x Q x 1``"""
         if hs.ndim != 4 or prompt.ndim != 3 or prompt_mask.ndim != 2:
             raise ValueError(
                 f"expected hs 4-D, prompt 3-D, prompt_mask 2-D; got {hs.ndim}, {prompt.ndim}, "
@@ -234,7 +232,7 @@ def get_activation_fn(activation: str) -> Callable[[paddle.Tensor], paddle.Tenso
 
 
 def gen_sineembed_for_position(pos_tensor: paddle.Tensor, num_feats: int = 256) -> paddle.Tensor:
-    """Sine embedding of ``Q x B x 2`` points or ``Q x B x 4`` boxes -> ``Q x B x (num_feats/2 * k)``.
+    """Sine embedding of ``Q x B x k`` points (k=2) or boxes (k=4) -> ``Q x B x num_feats/2*k``.
 
     Order of the parts: y, x (then w, h for boxes); sin and cos interleaved.
     """
