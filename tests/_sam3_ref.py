@@ -116,6 +116,27 @@ def perturb_module_(module: Any, seed: int = 0, scale: float = 0.02) -> Any:
     return module
 
 
+def fan_in_init_(module: Any, seed: int = 0, gain: float = 1.0) -> Any:
+    """Redraw every Linear weight (and fused ``in_proj_weight``) from N(0, gain^2 / fan_in).
+
+    Upstream inits (trunc-normal std 0.02) keep attention logits near 0: softmax is then
+    almost uniform and a wrong RoPE or mask barely moves the output. Unit-variance
+    projections make attention peaked, so positional details matter. Returns ``module``.
+    """
+    torch, _ = import_sam3()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for sub in module.modules():
+            for name in ("weight", "in_proj_weight"):
+                w = getattr(sub, name, None)
+                is_linear = isinstance(sub, torch.nn.Linear) and name == "weight"
+                if w is None or not (is_linear or name == "in_proj_weight"):
+                    continue
+                std = gain / w.shape[1] ** 0.5
+                w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * std)
+    return module
+
+
 def numpy_state_dict(module_or_state: Any) -> dict[str, np.ndarray]:
     """A torch module's (or state dict's) tensors as numpy arrays, official names and layouts."""
     state = (
