@@ -15,11 +15,20 @@ upstream's image builder does). Our parameter names are upstream's, so the map i
 
 from __future__ import annotations
 
+import math
+import os
+import re
+import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import paddle
 
 from .sam_v1 import CheckpointMismatchError, check_keys
+from .torch_reader import CheckpointFormatError, load_state_dict
 
 DETECTOR_PREFIX = "detector."
 TRACKER_PREFIX = "tracker."
@@ -92,35 +101,62 @@ def is_linear_weight(key: str, ndim: int) -> bool:
     return not parts or parts[-1] not in EMBEDDINGS
 
 
-def convert_tensors(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Torch layout -> Paddle layout, float32: split fused q/k/v, transpose Linear weights,
-    drop ``freqs_cis``. Keys are renamed with :func:`rename` first (module-relative keys of a
-    single upstream module pass through unchanged). Raises :class:`CheckpointMismatchError`
-    listing every tensor that cannot be converted."""
-    out: dict[str, np.ndarray] = {}
+@dataclass(frozen=True)
+class Step:
+    """One output tensor made from a source tensor: part ``part`` (0/1/2 = q/k/v) of a fused
+    in_proj or the whole tensor (None), transposed or not."""
+
+    key: str
+    shape: tuple[int, ...]
+    part: int | None = None
+    transpose: bool = False
+
+
+def plan_key(src_key: str, shape: tuple[int, ...], dtype: np.dtype | str) -> list[Step] | str:
+    """How ``src_key`` converts: its output steps (``[]`` if deliberately dropped), or a
+    message saying why it cannot be converted. Works on shapes only, so the whole released
+    layout can be checked without its 3.4 GB of data."""
+    if dropped_reason(src_key) is not None:
+        return []
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        return f"{src_key}: dtype {np.dtype(dtype)} is not floating point"
+    key, shape = rename(src_key), tuple(int(d) for d in shape)
+    for suffix, leaf, ndim in (("in_proj_weight", "weight", 2), ("in_proj_bias", "bias", 1)):
+        if key.endswith("." + suffix) or key == suffix:
+            if len(shape) != ndim or shape[0] % 3 != 0:
+                return f"{src_key}: fused in_proj of shape {list(shape)} does not split in 3"
+            prefix = key[: -len(suffix)]
+            part_shape = (shape[0] // 3, *shape[1:])
+            return [
+                Step(f"{prefix}{name}.{leaf}", part_shape[::-1], i, leaf == "weight")
+                for i, name in enumerate(_QKV)
+            ]
+    if is_linear_weight(key, len(shape)):
+        return [Step(key, shape[::-1], None, True)]
+    return [Step(key, shape)]
+
+
+def plan(
+    layout: Mapping[str, tuple[tuple[int, ...], np.dtype | str]],
+) -> dict[str, tuple[str, Step]]:
+    """``{target key: (source key, step)}`` for a ``{source key: (shape, dtype)}`` layout.
+
+    Raises :class:`CheckpointMismatchError` listing every key that cannot be converted or
+    that collides with another one."""
+    out: dict[str, tuple[str, Step]] = {}
     problems: list[str] = []
-    for src_key, value in state.items():
-        if dropped_reason(src_key) is not None:
+    for src_key, (shape, dtype) in layout.items():
+        steps = plan_key(src_key, shape, dtype)
+        if isinstance(steps, str):
+            problems.append(steps)
             continue
-        key = rename(src_key)
-        value = np.asarray(value)
-        if not np.issubdtype(value.dtype, np.floating):
-            problems.append(f"{src_key}: dtype {value.dtype} is not floating point")
-            continue
-        value = value.astype(np.float32, copy=False)
-        fused = _split_in_proj(key, value)
-        if fused is None:
-            problems.append(
-                f"{src_key}: fused in_proj of shape {list(value.shape)} does not split in 3"
-            )
-            continue
-        if fused:
-            for new_key, part in fused.items():
-                _put(out, new_key, part, src_key, problems)
-            continue
-        if is_linear_weight(key, value.ndim):
-            value = np.ascontiguousarray(value.T)
-        _put(out, key, value, src_key, problems)
+        for step in steps:
+            if step.key in out:
+                problems.append(
+                    f"{src_key}: maps to {step.key}, as {out[step.key][0]} does already"
+                )
+            else:
+                out[step.key] = (src_key, step)
     if problems:
         raise CheckpointMismatchError(
             "cannot convert the checkpoint:\n    "
@@ -130,26 +166,21 @@ def convert_tensors(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _put(out: dict, key: str, value: np.ndarray, src_key: str, problems: list[str]) -> None:
-    if key in out:
-        problems.append(f"{src_key}: maps to {key}, which another key already produced")
-    else:
-        out[key] = value
-
-
-def _split_in_proj(key: str, value: np.ndarray) -> dict[str, np.ndarray] | None:
-    """``{}`` if ``key`` is not a fused projection, the three parts if it is, None if it
-    cannot be split."""
-    for suffix, leaf, ndim in (("in_proj_weight", "weight", 2), ("in_proj_bias", "bias", 1)):
-        if key.endswith("." + suffix) or key == suffix:
-            if value.ndim != ndim or value.shape[0] % 3 != 0:
-                return None
-            prefix = key[: -len(suffix)]
-            parts = np.split(value, 3, axis=0)
-            if leaf == "weight":
-                parts = [np.ascontiguousarray(p.T) for p in parts]
-            return {f"{prefix}{name}.{leaf}": p for name, p in zip(_QKV, parts, strict=True)}
-    return {}
+def convert_tensors(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Torch layout -> float32 Paddle layout following :func:`plan`: released keys renamed,
+    fused q/k/v split, Linear weights transposed, ``freqs_cis`` dropped. Module-relative keys
+    of a single upstream module pass through the same rules (used by the parity tests)."""
+    arrays = {k: np.asarray(v) for k, v in state.items()}
+    steps = plan({k: (v.shape, v.dtype) for k, v in arrays.items()})
+    out: dict[str, np.ndarray] = {}
+    for key, (src_key, step) in steps.items():
+        value = arrays[src_key]
+        if step.part is not None:
+            n = value.shape[0] // 3
+            value = value[step.part * n : (step.part + 1) * n]
+        value = value.astype(np.float32, copy=False)
+        out[key] = np.ascontiguousarray(value.T) if step.transpose else value
+    return out
 
 
 def select_for_model(
@@ -188,3 +219,142 @@ def convert_state_dict(
     if expected is not None:
         converted = select_for_model(converted, expected)
     return converted
+
+
+def converted_shapes(
+    layout: Mapping[str, tuple[tuple[int, ...], np.dtype | str]],
+) -> dict[str, tuple[int, ...]]:
+    """``{target key: Paddle shape}`` that a ``{source key: (shape, dtype)}`` layout converts to."""
+    return {key: step.shape for key, (_, step) in plan(layout).items()}
+
+
+def model_shapes(model: paddle.nn.Layer) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(int(d) for d in v.shape) for k, v in model.state_dict().items()}
+
+
+def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -> dict:
+    """Parameter shapes of the SAM 3 image model of ``spec`` (the released one by default),
+    built under ``paddle.LazyGuard`` so no memory goes to random weights."""
+    from ..models.sam3 import build_sam3
+
+    spec = build_sam3.SAM3_SPEC if spec is None else spec
+    with paddle.LazyGuard(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_sam3.build_sam3_image_model(
+            spec=spec, enable_inst_interactivity=enable_inst_interactivity
+        )
+    return model_shapes(model)
+
+
+def read_sam3_weights(
+    path: str | os.PathLike, spec: Any = None, model: paddle.nn.Layer | None = None
+) -> dict[str, np.ndarray]:
+    """Paddle-layout float32 weights from an official checkpoint (converted in memory, without
+    torch) or a ``.pdparams`` written by ``paddle-sam convert``. With ``model`` they are
+    checked strictly against it and reduced to the parts it holds (:func:`select_for_model`);
+    ``spec`` is accepted for symmetry with the SAM v1 loader (the model carries the sizes)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == ".pdparams":
+        try:
+            state = paddle.load(str(path), return_numpy=True)
+        except Exception as exc:  # paddle raises many types for damaged files
+            raise CheckpointFormatError(
+                f"cannot read {path}: not a valid .pdparams ({exc})"
+            ) from exc
+        if not isinstance(state, dict):
+            raise CheckpointFormatError(f"{path} does not hold a state dict")
+    else:
+        raw = load_state_dict(path)
+        if not is_sam3_checkpoint(raw):
+            raise CheckpointMismatchError(
+                f"{path} is not a SAM 3 checkpoint: no 'detector.backbone.*' keys"
+            )
+        state = convert_state_dict(raw)
+    if model is not None:
+        state = select_for_model(state, model_shapes(model), where=f"{path}: ")
+    return state
+
+
+def load_state_strict(model: paddle.nn.Layer, state: Mapping[str, np.ndarray]) -> None:
+    """Set ``model``'s weights from a Paddle-layout state dict: every key present, nothing
+    extra, shapes equal (:class:`CheckpointMismatchError` otherwise)."""
+    check_keys(model_shapes(model), state)
+    model.set_state_dict(
+        {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
+    )
+
+
+_QKV_KEY = re.compile(r"^(.*)\.([qkv])_proj\.(weight|bias)$")
+
+
+def released_layout(spec: Any = None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{key: (torch shape, dtype)}`` of the ``detector.*`` part of an official checkpoint
+    for ``spec`` (released sizes by default): fused in_proj, ``[out, in]`` Linear weights, the
+    second neck (``sam2_convs``) and complex64 ``freqs_cis`` tables, as ``sam3.pt`` holds them.
+    Built from our model, so :func:`plan` applied to it must give the model's layout back."""
+    from ..models.sam3 import build_sam3
+
+    spec = build_sam3.SAM3_SPEC if spec is None else spec
+    with paddle.LazyGuard(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_sam3.build_sam3_image_model(spec=spec)
+    linear = {f"{n}.weight" for n, m in model.named_sublayers() if isinstance(m, paddle.nn.Linear)}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    fused: dict[str, list[int]] = {}
+    for key, shape in model_shapes(model).items():
+        m = _QKV_KEY.match(key)
+        if m:
+            name = f"{m.group(1)}.in_proj_{m.group(3)}"
+            rows = shape[-1]  # Paddle weight [in, out] / bias [out]
+            prev = fused.setdefault(name, [0, *shape[:-1]])
+            prev[0] += rows
+            continue
+        if key.startswith("backbone.vision_backbone.convs."):
+            twin = key.replace(".convs.", ".sam2_convs.", 1)
+            out[DETECTOR_PREFIX + twin] = (shape, "float32")
+        out[DETECTOR_PREFIX + key] = (shape[::-1] if key in linear else shape, "float32")
+    for name, (rows, *rest) in fused.items():
+        out[DETECTOR_PREFIX + name] = ((rows, *rest), "float32")
+    trunk = model.backbone.vision_backbone.trunk
+    for i, block in enumerate(trunk.blocks):
+        if block.attn.use_rope:
+            key = f"{DETECTOR_PREFIX}backbone.vision_backbone.trunk.blocks.{i}.attn.freqs_cis"
+            out[key] = (tuple(block.attn.rope_cos.shape), "complex64")
+    return out
+
+
+def random_released_state_dict(spec: Any = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights in the official ``sam3.pt`` layout (detector part, see
+    :func:`released_layout`), for demos and tests that need an "official" file without torch.
+    ``freqs_cis`` hold the true RoPE tables; the model built from these weights is meaningless.
+    """
+    from ..models.sam3.vitdet import axial_rope_angles
+
+    spec_ = spec
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for key, (shape, dtype) in released_layout(spec_).items():
+        if dtype == "complex64":
+            n, half = shape
+            out[key] = _freqs_cis(key, n, half * 2, spec_, axial_rope_angles)
+            continue
+        if key.endswith(".weight") and len(shape) == 1:  # norms
+            value = 1.0 + 0.02 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            value = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
+        out[key] = value.astype(np.float32)
+    return out
+
+
+def _freqs_cis(key: str, n: int, head_dim: int, spec: Any, angles_fn: Any) -> np.ndarray:
+    from ..models.sam3 import build_sam3
+
+    spec = build_sam3.SAM3_SPEC if spec is None else spec
+    side = math.isqrt(n)
+    grid = spec.img_size // spec.patch_size
+    scale = spec.window_size / grid if side == grid else 1.0
+    angles = angles_fn(head_dim, side, side, scale_pos=scale)
+    return np.exp(1j * angles.astype(np.float64)).astype(np.complex64)
