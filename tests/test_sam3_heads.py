@@ -24,10 +24,15 @@ def _cpu():
         yield
 
 
-def load_from_torch(layer: paddle.nn.Layer, module) -> None:
+def load_from_torch(layer: paddle.nn.Layer, module, skip_complex: bool = False) -> None:
     """Copy a torch module's weights into our layer: Linear weights transposed, fused
-    ``in_proj`` of attention split into q/k/v; every key on both sides must be used."""
-    state = {k: v.detach().cpu().numpy() for k, v in module.state_dict().items()}
+    ``in_proj`` of attention split into q/k/v; every key on both sides must be used (complex
+    RoPE buffers, which our layers recompute, may be skipped)."""
+    state = {
+        k: v.detach().cpu().numpy()
+        for k, v in module.state_dict().items()
+        if not (skip_complex and v.is_complex())
+    }
     subs = dict(layer.named_sublayers(include_self=True))
     used, new = set(), {}
     for name, param in layer.state_dict().items():
@@ -339,3 +344,110 @@ def test_segmentation_head():
         )
         assert_close(r["pred_masks"], o["pred_masks"], max_abs=1e-3, name=f"masks bs={bs}")
         assert_close(r["semantic_seg"], o["semantic_seg"], max_abs=1e-3, name="semantic")
+
+
+def test_roi_align_matches_torchvision():
+    """paddle's roi_align with aligned=False equals torchvision's default (what sam3 uses)."""
+    import torchvision
+    from paddle.vision.ops import roi_align
+
+    feats = randn(2, 3, H, W, seed=1)
+    boxes = torch.tensor(
+        [[[0.3, 0.2, 3.7, 4.1], [-1.0, -0.5, 2.0, 7.5]], [[1.0, 1.0, 1.2, 1.1], [0, 0, W, H]]]
+    )
+    r = torchvision.ops.roi_align(feats, list(boxes.unbind(0)), 7)
+    o = roi_align(
+        t2p(feats), t2p(boxes.reshape(-1, 4)), paddle.to_tensor([2, 2], "int32"), 7, aligned=False
+    )
+    assert_close(r, o, max_abs=1e-5, name="roi_align")
+
+
+def geometry_pair():
+    pe_mod = pytest.importorskip("paddle_sam.models.sam3.position_encoding")
+    from sam3.model.geometry_encoders import SequenceGeometryEncoder as RefGeo
+    from sam3.model.position_encoding import PositionEmbeddingSine as RefPE
+
+    from paddle_sam.models.sam3.geometry_encoders import SequenceGeometryEncoder
+
+    kw = dict(
+        encode_boxes_as_points=False,
+        points_direct_project=True,
+        points_pool=True,
+        points_pos_enc=True,
+        boxes_direct_project=True,
+        boxes_pool=True,
+        boxes_pos_enc=True,
+        d_model=D,
+        num_layers=2,
+        use_act_ckpt=True,
+        add_cls=True,
+        add_post_encode_proj=True,
+    )
+    ref = RefGeo(
+        pos_enc=RefPE(num_pos_feats=D, normalize=True, scale=None, temperature=10000),
+        layer=ref_encoder_layer(False, False, True),
+        **kw,
+    )
+    ours = SequenceGeometryEncoder(
+        pos_enc=pe_mod.PositionEmbeddingSine(
+            num_pos_feats=D, normalize=True, scale=None, temperature=10000
+        ),
+        layer=our_encoder_layer(False, False, True),
+        **kw,
+    )
+    return pair_eval(ref, ours, scale=0.3)
+
+
+def test_geometry_encoder():
+    from sam3.model.geometry_encoders import Prompt as RefPrompt
+
+    from paddle_sam.models.sam3.geometry_encoders import Prompt
+
+    ref, ours = geometry_pair()
+    bs = 2
+    feats, pos = randn(H * W, bs, D, seed=1), randn(H * W, bs, D, seed=2)
+    boxes = torch.tensor(
+        [[[0.5, 0.5, 0.4, 0.6], [0.3, 0.6, 0.2, 0.1]], [[0.7, 0.2, 0.3, 0.3], [0.1, 0.9, 0.5, 0.5]]]
+    )  # N x B x 4, cx cy w h
+    labels = torch.tensor([[1, 0], [0, 1]])
+    bmask = torch.tensor([[False, False], [False, True]])  # second box of image 1 is padding
+    points = torch.rand(3, bs, 2, generator=torch.Generator().manual_seed(3))
+    plabels = torch.tensor([[1, 1], [0, 1], [1, 0]])
+    pmask = torch.tensor([[False, False, False], [False, True, True]])
+    cases = {
+        "boxes": dict(box_embeddings=boxes, box_labels=labels, box_mask=bmask),
+        "points+boxes": dict(
+            box_embeddings=boxes,
+            box_labels=labels,
+            box_mask=bmask,
+            point_embeddings=points,
+            point_labels=plabels,
+            point_mask=pmask,
+        ),
+        "no boxes": dict(box_embeddings=torch.zeros(0, bs, 4), box_mask=torch.zeros(bs, 0).bool()),
+    }
+    for name, prompt in cases.items():
+        with torch.no_grad():
+            r_emb, r_mask = ref(RefPrompt(**prompt), [feats], [(H, W)], [pos])
+        o_emb, o_mask = ours(
+            Prompt(**{k: t2p(v) for k, v in prompt.items()}), [t2p(feats)], [(H, W)], [t2p(pos)]
+        )
+        np.testing.assert_array_equal(r_mask.numpy(), o_mask.numpy())
+        valid = ~r_mask.numpy().T  # N x B: padded tokens hold arbitrary values on both sides
+        assert_close(r_emb.numpy()[valid], o_emb.numpy()[valid], name=f"geometry ({name})")
+
+
+def test_prompt_append_boxes():
+    from sam3.model.geometry_encoders import Prompt as RefPrompt
+
+    from paddle_sam.models.sam3.geometry_encoders import Prompt
+
+    r = RefPrompt(box_embeddings=torch.zeros(0, 1, 4), box_mask=torch.zeros(1, 0).bool())
+    o = Prompt(box_embeddings=paddle.zeros([0, 1, 4]), box_mask=paddle.zeros([1, 0], "bool"))
+    for i, label in enumerate((True, False, True)):
+        box = torch.tensor([0.1 * i + 0.2, 0.5, 0.3, 0.2]).view(1, 1, 4)
+        r.append_boxes(box, torch.tensor([label]).view(1, 1))
+        o.append_boxes(t2p(box), paddle.to_tensor([label]).reshape([1, 1]))
+    np.testing.assert_array_equal(r.box_embeddings.numpy(), o.box_embeddings.numpy())
+    np.testing.assert_array_equal(r.box_labels.long().numpy(), o.box_labels.numpy())
+    np.testing.assert_array_equal(r.box_mask.numpy(), o.box_mask.numpy())
