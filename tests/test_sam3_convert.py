@@ -138,6 +138,12 @@ def test_torch_file_round_trip(tmp_path):
     )
     want = conv.random_released_state_dict(TINY, 1)
     state = conv.convert_state_dict(raw)
+    # the tables we write (and the model recomputes) are upstream's: window 4x4, global 8x8
+    vitdet = pytest.importorskip("sam3.model.vitdet")
+    for block, (side, scale) in enumerate(((4, 1.0), (8, 0.5))):
+        key = f"detector.backbone.vision_backbone.trunk.blocks.{block}.attn.freqs_cis"
+        ref = vitdet.compute_axial_cis(dim=16, end_x=side, end_y=side, scale_pos=scale).numpy()
+        np.testing.assert_allclose(raw[key], ref, atol=1e-6)
 
     trunk = "backbone.vision_backbone.trunk.blocks.1.attn."
     np.testing.assert_array_equal(

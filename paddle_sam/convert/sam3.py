@@ -15,7 +15,6 @@ upstream's image builder does). Our parameter names are upstream's, so the map i
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import warnings
@@ -232,18 +231,22 @@ def model_shapes(model: paddle.nn.Layer) -> dict[str, tuple[int, ...]]:
     return {k: tuple(int(d) for d in v.shape) for k, v in model.state_dict().items()}
 
 
-def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -> dict:
-    """Parameter shapes of the SAM 3 image model of ``spec`` (the released one by default),
-    built under ``paddle.LazyGuard`` so no memory goes to random weights."""
+def _build_lazy(spec: Any = None, enable_inst_interactivity: bool = False) -> paddle.nn.Layer:
+    """The SAM 3 image model of ``spec`` (released sizes by default) under ``LazyGuard``:
+    parameters are declared, not initialised."""
     from ..models.sam3 import build_sam3
 
     spec = build_sam3.SAM3_SPEC if spec is None else spec
     with paddle.LazyGuard(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = build_sam3.build_sam3_image_model(
+        warnings.simplefilter("ignore")  # "no checkpoint_path, the weights are random"
+        return build_sam3.build_sam3_image_model(
             spec=spec, enable_inst_interactivity=enable_inst_interactivity
         )
-    return model_shapes(model)
+
+
+def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -> dict:
+    """Parameter shapes of the SAM 3 image model of ``spec`` (the released one by default)."""
+    return model_shapes(_build_lazy(spec, enable_inst_interactivity))
 
 
 def read_sam3_weights(
@@ -294,22 +297,17 @@ def released_layout(spec: Any = None) -> dict[str, tuple[tuple[int, ...], str]]:
     for ``spec`` (released sizes by default): fused in_proj, ``[out, in]`` Linear weights, the
     second neck (``sam2_convs``) and complex64 ``freqs_cis`` tables, as ``sam3.pt`` holds them.
     Built from our model, so :func:`plan` applied to it must give the model's layout back."""
-    from ..models.sam3 import build_sam3
+    return _released_layout(_build_lazy(spec))
 
-    spec = build_sam3.SAM3_SPEC if spec is None else spec
-    with paddle.LazyGuard(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = build_sam3.build_sam3_image_model(spec=spec)
+
+def _released_layout(model: paddle.nn.Layer) -> dict[str, tuple[tuple[int, ...], str]]:
     linear = {f"{n}.weight" for n, m in model.named_sublayers() if isinstance(m, paddle.nn.Linear)}
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     fused: dict[str, list[int]] = {}
     for key, shape in model_shapes(model).items():
         m = _QKV_KEY.match(key)
-        if m:
-            name = f"{m.group(1)}.in_proj_{m.group(3)}"
-            rows = shape[-1]  # Paddle weight [in, out] / bias [out]
-            prev = fused.setdefault(name, [0, *shape[:-1]])
-            prev[0] += rows
+        if m:  # Paddle weight [in, out] / bias [out] -> rows of torch's in_proj
+            fused.setdefault(f"{m.group(1)}.in_proj_{m.group(3)}", [0, *shape[:-1]])[0] += shape[-1]
             continue
         if key.startswith("backbone.vision_backbone.convs."):
             twin = key.replace(".convs.", ".sam2_convs.", 1)
@@ -317,12 +315,16 @@ def released_layout(spec: Any = None) -> dict[str, tuple[tuple[int, ...], str]]:
         out[DETECTOR_PREFIX + key] = (shape[::-1] if key in linear else shape, "float32")
     for name, (rows, *rest) in fused.items():
         out[DETECTOR_PREFIX + name] = ((rows, *rest), "float32")
-    trunk = model.backbone.vision_backbone.trunk
-    for i, block in enumerate(trunk.blocks):
-        if block.attn.use_rope:
-            key = f"{DETECTOR_PREFIX}backbone.vision_backbone.trunk.blocks.{i}.attn.freqs_cis"
-            out[key] = (tuple(block.attn.rope_cos.shape), "complex64")
+    for key, attn in _rope_layers(model).items():
+        out[key] = (tuple(attn.rope_cos.shape), "complex64")
     return out
+
+
+def _rope_layers(model: paddle.nn.Layer) -> dict[str, paddle.nn.Layer]:
+    """``{released freqs_cis key: attention layer}`` for the trunk's RoPE attentions."""
+    blocks = model.backbone.vision_backbone.trunk.blocks
+    prefix = f"{DETECTOR_PREFIX}backbone.vision_backbone.trunk.blocks"
+    return {f"{prefix}.{i}.attn.freqs_cis": b.attn for i, b in enumerate(blocks) if b.attn.use_rope}
 
 
 def random_released_state_dict(spec: Any = None, seed: int = 0) -> dict[str, np.ndarray]:
@@ -330,15 +332,14 @@ def random_released_state_dict(spec: Any = None, seed: int = 0) -> dict[str, np.
     :func:`released_layout`), for demos and tests that need an "official" file without torch.
     ``freqs_cis`` hold the true RoPE tables; the model built from these weights is meaningless.
     """
-    from ..models.sam3.vitdet import axial_rope_angles
-
-    spec_ = spec
+    model = _build_lazy(spec)
+    rope = _rope_layers(model)
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for key, (shape, dtype) in released_layout(spec_).items():
+    for key, (shape, dtype) in _released_layout(model).items():
         if dtype == "complex64":
-            n, half = shape
-            out[key] = _freqs_cis(key, n, half * 2, spec_, axial_rope_angles)
+            attn = rope[key]
+            out[key] = (attn.rope_cos.numpy() + 1j * attn.rope_sin.numpy()).astype(np.complex64)
             continue
         if key.endswith(".weight") and len(shape) == 1:  # norms
             value = 1.0 + 0.02 * rng.standard_normal(shape)
@@ -347,14 +348,3 @@ def random_released_state_dict(spec: Any = None, seed: int = 0) -> dict[str, np.
             value = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
         out[key] = value.astype(np.float32)
     return out
-
-
-def _freqs_cis(key: str, n: int, head_dim: int, spec: Any, angles_fn: Any) -> np.ndarray:
-    from ..models.sam3 import build_sam3
-
-    spec = build_sam3.SAM3_SPEC if spec is None else spec
-    side = math.isqrt(n)
-    grid = spec.img_size // spec.patch_size
-    scale = spec.window_size / grid if side == grid else 1.0
-    angles = angles_fn(head_dim, side, side, scale_pos=scale)
-    return np.exp(1j * angles.astype(np.float64)).astype(np.complex64)
