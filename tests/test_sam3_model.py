@@ -406,3 +406,41 @@ def test_processor_numpy_image_and_errors(processors):
         our_proc.set_image(np.zeros((10, 10), np.uint8))
     with pytest.raises(ValueError, match="box must be 4"):
         our_proc.add_geometric_prompt([0.5, 0.5, 0.2], True, a)
+
+
+def test_build_from_official_checkpoint_file(pair, bpe_path, tmp_path):
+    """``build_sam3_image_model(checkpoint_path=...)`` on a file in sam3.pt's layout
+    (``{"model": {"detector.*": ...}}``, fused in_proj, complex freqs_cis) gives the same
+    results as the official model holding those weights; lazy top-level imports work."""
+    from PIL import Image
+    from sam3.model.sam3_image_processor import Sam3Processor as RefProcessor
+
+    import paddle_sam
+
+    ref, _ = pair
+    path = tmp_path / "sam3_tiny.pt"
+    torch.save({"model": {f"detector.{k}": v for k, v in ref.state_dict().items()}}, path)
+    ours = paddle_sam.build_sam3_image_model(checkpoint_path=path, bpe_path=bpe_path, spec=TINY)
+    assert not ours.training
+    img = Image.fromarray(image(64, 80, seed=9))
+    steps = CASES["text+box"]
+    with cpu_patches(), torch.inference_mode():
+        r = run_prompts(RefProcessor(ref, resolution=TINY.img_size, device="cpu"), img, steps, 0)
+    o = run_prompts(paddle_sam.Sam3Processor(ours, resolution=TINY.img_size), img, steps, 0)
+    assert_close(r["scores"], o["scores"], max_abs=1e-5, name="scores from checkpoint")
+    assert_close(r["masks_logits"], o["masks_logits"], max_abs=1e-4, name="masks from checkpoint")
+
+
+def test_set_image_batch(processors):
+    """Backbone features of a batch equal those of each image alone; prompting a batch state
+    is refused with a clear message (upstream uses it for the interactive predictor only)."""
+    _, our_proc = processors
+    imgs = [image(40, 50, seed=1), image(60, 30, seed=2)]
+    state = our_proc.set_image_batch(imgs)
+    assert state["original_heights"] == [40, 60] and state["original_widths"] == [50, 30]
+    for i, img in enumerate(imgs):
+        single = our_proc.set_image(img)["backbone_out"]["backbone_fpn"]
+        for a, b in zip(single, state["backbone_out"]["backbone_fpn"], strict=True):
+            assert_close(a, b[i : i + 1], max_abs=1e-4, name=f"batch image {i}")
+    with pytest.raises(ValueError, match="set_image"):
+        our_proc.set_text_prompt("x", state)

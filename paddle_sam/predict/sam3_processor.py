@@ -51,13 +51,17 @@ def _aa_bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarr
 def _resize_axis(x: np.ndarray, out_size: int, axis: int) -> np.ndarray:
     in_size = x.shape[axis]
     starts, weights, prec = _aa_bilinear_taps(in_size, out_size)
-    x = np.moveaxis(x, axis, 0).astype(np.int64)
-    acc = np.full((out_size, *x.shape[1:]), 1 << (prec - 1), np.int64)
-    extra = (1,) * (x.ndim - 1)
+    # int32 is exact: weights sum to ~2^prec <= 2^15 and pixels are < 2^8
+    weights = weights.astype(np.int32)
+    shape = [1] * x.ndim
+    shape[axis] = out_size
+    acc = None
     for t in range(weights.shape[1]):
         idx = np.minimum(starts + t, in_size - 1)  # zero weights beyond each row's taps
-        acc += x[idx] * weights[:, t].reshape(-1, *extra)
-    return np.moveaxis(np.clip(acc >> prec, 0, 255).astype(np.uint8), 0, axis)
+        term = np.take(x, idx, axis=axis).astype(np.int32) * weights[:, t].reshape(shape)
+        acc = term if acc is None else acc + term
+    acc += np.int32(1 << (prec - 1))
+    return np.clip(acc >> prec, 0, 255).astype(np.uint8)
 
 
 def resize_uint8_antialias(image: np.ndarray, height: int, width: int) -> np.ndarray:
