@@ -67,7 +67,12 @@ def randn(*shape, seed: int = 0):
     return torch.randn(*shape, generator=g)
 
 
-def test_multihead_attention_masks():
+@pytest.mark.parametrize("block", [None, 2 * HEADS * 7])
+def test_multihead_attention_masks(block, monkeypatch):
+    """torch semantics for every mask kind; ``block`` forces the row-blocked path (2 query rows
+    at a time) that large inputs take."""
+    if block is not None:
+        monkeypatch.setattr(M, "_ATTN_BLOCK", block)
     for batch_first in (False, True):
         ref = perturb_module_(torch.nn.MultiheadAttention(D, HEADS, batch_first=batch_first))
         ref.eval()

@@ -24,6 +24,9 @@ def inverse_sigmoid(x: paddle.Tensor, eps: float = 1e-3) -> paddle.Tensor:
     return paddle.log(x.clip(min=eps) / (1 - x).clip(min=eps))
 
 
+_ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
+
+
 def _as_additive(mask: paddle.Tensor, dtype: paddle.dtype) -> paddle.Tensor:
     """Bool mask (True = masked out) -> 0 / -inf; float masks are returned as they are."""
     if mask.dtype == paddle.bool:
@@ -82,18 +85,29 @@ class MultiheadAttention(nn.Layer):
         k = self.k_proj(key).reshape([b, n_k, h, d]).transpose([0, 2, 1, 3])
         v = self.v_proj(value).reshape([b, n_k, h, d]).transpose([0, 2, 1, 3])
 
-        attn = paddle.matmul(q * (1.0 / math.sqrt(d)), k, transpose_y=True)  # B x h x Lq x Lk
+        mask = None  # additive, broadcastable to B x h x Lq x Lk
         if attn_mask is not None:
-            m = _as_additive(attn_mask, attn.dtype)
-            if m.ndim == 3:
-                m = m.reshape([b, h, n_q, n_k])
-            attn = attn + m
+            mask = _as_additive(attn_mask, q.dtype)
+            mask = mask.reshape([b, h, n_q, n_k] if mask.ndim == 3 else [1, 1, n_q, n_k])
         if key_padding_mask is not None:
-            attn = attn + _as_additive(key_padding_mask, attn.dtype).reshape([b, 1, 1, n_k])
-        attn = F.softmax(attn, axis=-1)
-        if self.training and self.dropout > 0:
-            attn = F.dropout(attn, self.dropout)
-        out = paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([b, n_q, h * d])
+            pad = _as_additive(key_padding_mask, q.dtype).reshape([b, 1, 1, n_k])
+            mask = pad if mask is None else mask + pad
+        q = q * (1.0 / math.sqrt(d))
+        # Rows of the attention matrix are independent: compute them in blocks of at most
+        # _ATTN_BLOCK scores, so B x h x Lq x Lk (860 MB for SAM 3's 72x72 encoder) is never
+        # materialised at once.
+        step = max(1, _ATTN_BLOCK // max(1, b * h * n_k))
+        outs = []
+        for i in range(0, n_q, step):
+            attn = paddle.matmul(q[:, :, i : i + step], k, transpose_y=True)
+            if mask is not None:
+                attn = attn + (mask[:, :, i : i + step] if mask.shape[2] > 1 else mask)
+            attn = F.softmax(attn, axis=-1)
+            if self.training and self.dropout > 0:
+                attn = F.dropout(attn, self.dropout)
+            outs.append(paddle.matmul(attn, v))
+        out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)
+        out = out.transpose([0, 2, 1, 3]).reshape([b, n_q, h * d])
         out = self.out_proj(out)
         if not self.batch_first:
             out = out.transpose([1, 0, 2])
