@@ -26,10 +26,28 @@ __version__ = "0.1.0"
 __all__ = [
     "SAM_SPECS",
     "Sam",
+    "Sam3Processor",
     "SamAutomaticMaskGenerator",
     "SamPredictor",
     "SamSpec",
     "build_sam",
+    "build_sam3_image_model",
     "sam_model_registry",
     "set_num_threads",
 ]
+
+# SAM 3 is imported on first use, so that ``import paddle_sam`` stays as fast as for SAM v1.
+_LAZY = {
+    "build_sam3_image_model": ".models.sam3.build_sam3",
+    "Sam3Processor": ".predict.sam3_processor",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'paddle_sam' has no attribute {name!r}")

@@ -306,7 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("dst", help="output .pdparams (a .json sidecar is written next to it)")
     c.add_argument(
-        "--model-type", choices=types, default=None, help="default: detected from the weights"
+        "--model-type",
+        choices=[*types, "sam3"],
+        default=None,
+        help="default: detected from the weights",
     )
     c.add_argument("--overwrite", action="store_true", help="replace an existing output")
     c.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -8,11 +8,13 @@ Linear weights, upcasts to float32 and writes a ``.pdparams`` file plus a JSON s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import paddle
@@ -20,7 +22,7 @@ from tqdm import tqdm
 
 from ..models.build_sam import SAM_SPECS, SamSpec, build_sam
 from ..models.sam import Sam
-from . import sam_v1
+from . import sam3, sam_v1
 from .torch_reader import CheckpointError, CheckpointFormatError, load_state_dict
 
 CONVERTER_VERSION = "1"
@@ -83,15 +85,16 @@ def convert_checkpoint(
     dst: str | os.PathLike,
     model_type: str | None = None,
     *,
-    spec: SamSpec | None = None,
+    spec: Any = None,
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Convert ``src`` (official/HF SAM v1, .pth or .safetensors) to ``dst`` (.pdparams).
+    """Convert ``src`` (official/HF SAM v1 or official SAM 3, .pth/.pt or .safetensors) to
+    ``dst`` (.pdparams).
 
-    ``model_type`` (vit_b / vit_l / vit_h) is detected from the weights when omitted; give
-    ``spec`` instead for a custom size. Refuses to overwrite ``dst`` unless ``overwrite``.
-    Returns the sidecar metadata that was written next to ``dst``.
+    ``model_type`` (vit_b / vit_l / vit_h / sam3) is detected from the weights when omitted;
+    give ``spec`` (a ``SamSpec`` or ``Sam3Spec``) instead for a custom size. Refuses to
+    overwrite ``dst`` unless ``overwrite``. Returns the sidecar metadata written next to ``dst``.
     """
     src, dst = Path(src), Path(dst)
     if not src.is_file():
@@ -108,6 +111,14 @@ def convert_checkpoint(
                     f"{p} exists; pass overwrite=True (--overwrite) to replace it"
                 )
     state = load_state_dict(src, progress=progress)
+    looks_sam3 = sam3.is_sam3_checkpoint(state)
+    wants_sam3 = model_type == "sam3" or (spec is not None and not isinstance(spec, SamSpec))
+    if wants_sam3 or (looks_sam3 and model_type is None and spec is None):
+        return _convert_sam3(src, dst, state, model_type, spec, progress)
+    if looks_sam3:
+        raise sam_v1.CheckpointMismatchError(
+            f"--model-type {model_type} does not match the checkpoint, which looks like sam3"
+        )
     layout = "hf" if sam_v1.is_hf_layout(set(state)) else "official"
     if spec is None:
         model_type, spec = resolve_spec(model_type, state)
@@ -125,6 +136,33 @@ def convert_checkpoint(
         "model_type": model_type,
         "spec": spec.to_dict(),
         "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": layout},
+        "converter_version": CONVERTER_VERSION,
+        "paddle_version": paddle.__version__,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    save_pdparams(converted, dst, meta)
+    return meta
+
+
+def _convert_sam3(
+    src: Path, dst: Path, state: dict, model_type: str | None, spec: Any, progress: bool
+) -> dict:
+    """SAM 3 (``detector.*`` / ``tracker.*``): convert every key, check the image model's part
+    strictly against the model of ``spec`` (the released sizes by default), write it all."""
+    from ..models.sam3 import build_sam3
+
+    if model_type not in (None, "sam3") or not isinstance(spec, build_sam3.Sam3Spec | None):
+        raise ValueError(f"model type {model_type!r} and spec {spec!r} do not describe SAM 3")
+    spec = build_sam3.SAM3_SPEC if spec is None else spec
+    converted = sam3.convert_state_dict(state)
+    del state
+    sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
+    meta = {
+        "format": "paddle-sam/sam3",
+        "model_type": "sam3",
+        "spec": dataclasses.asdict(spec),
+        "interactive": any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted),
+        "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": "official"},
         "converter_version": CONVERTER_VERSION,
         "paddle_version": paddle.__version__,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -202,6 +240,11 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
     meta = read_sidecar(checkpoint)
+    if model_type == "sam3" or (meta or {}).get("model_type") == "sam3":
+        raise ValueError(
+            f"{checkpoint} is a SAM 3 model: load it with "
+            "build_sam3_image_model(checkpoint_path=...)"
+        )
     if meta is not None and "spec" in meta:
         spec = SamSpec.from_dict(meta["spec"])
         if model_type not in (None, meta.get("model_type")):

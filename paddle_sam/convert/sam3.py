@@ -1,0 +1,350 @@
+"""SAM 3 key map: the released ``sam3.pt`` layout -> our Paddle model.
+
+The released file is ``{"model": state_dict}`` (the reader unwraps it) with two prefixes:
+``detector.*`` is the image model (our ``Sam3Image``; the prefix is removed) and ``tracker.*``
+the SAM 2 style interactive predictor (renamed ``inst_interactive_predictor.model.*``, as
+upstream's image builder does). Our parameter names are upstream's, so the map is short:
+
+* ``*.freqs_cis`` (complex64 RoPE tables): dropped, the model recomputes them as real cos/sin;
+* ``*.in_proj_weight`` / ``*.in_proj_bias`` of ``torch.nn.MultiheadAttention``: split into
+  ``q_proj`` / ``k_proj`` / ``v_proj`` (Paddle ``MultiheadAttention`` keeps them apart);
+* 2-D ``*.weight`` of a Linear: transposed (torch ``[out, in]``, Paddle ``[in, out]``);
+  embedding tables (:data:`EMBEDDINGS`) and plain parameters keep their layout;
+* every float dtype is upcast to float32; any other dtype is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+
+from .sam_v1 import CheckpointMismatchError, check_keys
+from .torch_reader import CheckpointFormatError, load_state_dict
+
+DETECTOR_PREFIX = "detector."
+TRACKER_PREFIX = "tracker."
+INTERACTIVE_PREFIX = "inst_interactive_predictor.model."
+
+# Source keys deliberately not converted, by suffix, with the reason.
+DROPPED_SUFFIXES = {
+    ".freqs_cis": "complex RoPE table, a fixed function of the configuration: recomputed by "
+    "the model with real cos/sin",
+}
+
+# Modules whose 2-D ``weight`` is an embedding table (nn.Embedding), not a Linear.
+EMBEDDINGS = frozenset(
+    {
+        # detector
+        "token_embedding",
+        "cls_embed",
+        "label_embed",
+        "presence_token",
+        "query_embed",
+        "reference_points",
+        # tracker (SAM 2 style prompt encoder and mask decoder)
+        "point_embeddings",
+        "not_a_point_embed",
+        "no_mask_embed",
+        "iou_token",
+        "mask_tokens",
+        "obj_score_token",
+    }
+)
+
+# Parts of a converted state dict used only with instance interactivity (point/box clicks):
+# a model built without it does not hold them, and they are left out when loading.
+INTERACTIVE_ONLY = {
+    "backbone.vision_backbone.sam2_convs.": "second FPN neck of the interactive predictor",
+    INTERACTIVE_PREFIX: "SAM 2 style tracker used by predict_inst",
+}
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def is_sam3_checkpoint(keys: Iterable[str]) -> bool:
+    """True for the released layout: image-model keys under ``detector.backbone.``."""
+    return any(k.startswith(DETECTOR_PREFIX + "backbone.") for k in keys)
+
+
+def rename(key: str) -> str:
+    """Released key -> our key (prefixes only); other keys are returned unchanged."""
+    if key.startswith(DETECTOR_PREFIX):
+        return key[len(DETECTOR_PREFIX) :]
+    if key.startswith(TRACKER_PREFIX):
+        return INTERACTIVE_PREFIX + key[len(TRACKER_PREFIX) :]
+    return key
+
+
+def dropped_reason(key: str) -> str | None:
+    for suffix, reason in DROPPED_SUFFIXES.items():
+        if key.endswith(suffix):
+            return reason
+    return None
+
+
+def is_linear_weight(key: str, ndim: int) -> bool:
+    """Whether a (renamed, torch-layout) key is a Linear weight to transpose."""
+    if ndim != 2 or not key.endswith(".weight"):
+        return False
+    parts = key.split(".")[:-1]
+    while parts and parts[-1].isdigit():  # point_embeddings.0.weight
+        parts.pop()
+    return not parts or parts[-1] not in EMBEDDINGS
+
+
+@dataclass(frozen=True)
+class Step:
+    """One output tensor made from a source tensor: part ``part`` (0/1/2 = q/k/v) of a fused
+    in_proj or the whole tensor (None), transposed or not."""
+
+    key: str
+    shape: tuple[int, ...]
+    part: int | None = None
+    transpose: bool = False
+
+
+def plan_key(src_key: str, shape: tuple[int, ...], dtype: np.dtype | str) -> list[Step] | str:
+    """How ``src_key`` converts: its output steps (``[]`` if deliberately dropped), or a
+    message saying why it cannot be converted. Works on shapes only, so the whole released
+    layout can be checked without its 3.4 GB of data."""
+    if dropped_reason(src_key) is not None:
+        return []
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        return f"{src_key}: dtype {np.dtype(dtype)} is not floating point"
+    key, shape = rename(src_key), tuple(int(d) for d in shape)
+    for suffix, leaf, ndim in (("in_proj_weight", "weight", 2), ("in_proj_bias", "bias", 1)):
+        if key.endswith("." + suffix) or key == suffix:
+            if len(shape) != ndim or shape[0] % 3 != 0:
+                return f"{src_key}: fused in_proj of shape {list(shape)} does not split in 3"
+            prefix = key[: -len(suffix)]
+            part_shape = (shape[0] // 3, *shape[1:])
+            return [
+                Step(f"{prefix}{name}.{leaf}", part_shape[::-1], i, leaf == "weight")
+                for i, name in enumerate(_QKV)
+            ]
+    if is_linear_weight(key, len(shape)):
+        return [Step(key, shape[::-1], None, True)]
+    return [Step(key, shape)]
+
+
+def plan(
+    layout: Mapping[str, tuple[tuple[int, ...], np.dtype | str]],
+) -> dict[str, tuple[str, Step]]:
+    """``{target key: (source key, step)}`` for a ``{source key: (shape, dtype)}`` layout.
+
+    Raises :class:`CheckpointMismatchError` listing every key that cannot be converted or
+    that collides with another one."""
+    out: dict[str, tuple[str, Step]] = {}
+    problems: list[str] = []
+    for src_key, (shape, dtype) in layout.items():
+        steps = plan_key(src_key, shape, dtype)
+        if isinstance(steps, str):
+            problems.append(steps)
+            continue
+        for step in steps:
+            if step.key in out:
+                problems.append(
+                    f"{src_key}: maps to {step.key}, as {out[step.key][0]} does already"
+                )
+            else:
+                out[step.key] = (src_key, step)
+    if problems:
+        raise CheckpointMismatchError(
+            "cannot convert the checkpoint:\n    "
+            + "\n    ".join(problems[:20])
+            + (f"\n    ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        )
+    return out
+
+
+def convert_tensors(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Torch layout -> float32 Paddle layout following :func:`plan`: released keys renamed,
+    fused q/k/v split, Linear weights transposed, ``freqs_cis`` dropped. Module-relative keys
+    of a single upstream module pass through the same rules (used by the parity tests)."""
+    arrays = {k: np.asarray(v) for k, v in state.items()}
+    steps = plan({k: (v.shape, v.dtype) for k, v in arrays.items()})
+    out: dict[str, np.ndarray] = {}
+    for key, (src_key, step) in steps.items():
+        value = arrays[src_key]
+        if step.part is not None:
+            n = value.shape[0] // 3
+            value = value[step.part * n : (step.part + 1) * n]
+        value = value.astype(np.float32, copy=False)
+        out[key] = np.ascontiguousarray(value.T) if step.transpose else value
+    return out
+
+
+def select_for_model(
+    converted: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple[int, ...]],
+    where: str = "",
+) -> dict[str, np.ndarray]:
+    """The part of a converted state dict that a model with parameter shapes ``expected``
+    holds, checked strictly: interactive-only groups (:data:`INTERACTIVE_ONLY`) are left out
+    when the model has none of their keys; anything else missing, unexpected or mis-shaped
+    raises :class:`CheckpointMismatchError` naming the keys."""
+    skip = {
+        prefix for prefix in INTERACTIVE_ONLY if not any(k.startswith(prefix) for k in expected)
+    }
+    state = {k: v for k, v in converted.items() if not k.startswith(tuple(skip))}
+    check_keys(expected, state, where=where)
+    return state
+
+
+def convert_state_dict(
+    state: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, np.ndarray]:
+    """Released layout (any float dtype) -> float32 Paddle state dict.
+
+    Keys other than ``detector.*`` / ``tracker.*`` are refused. With ``expected`` (a model's
+    parameter shapes) the result is also checked strictly and reduced to that model
+    (:func:`select_for_model`).
+    """
+    foreign = [k for k in state if not k.startswith((DETECTOR_PREFIX, TRACKER_PREFIX))]
+    if foreign:
+        raise CheckpointMismatchError(
+            f"not a SAM 3 checkpoint layout: {len(foreign)} keys outside 'detector.' and "
+            f"'tracker.', e.g. {', '.join(sorted(foreign)[:5])}"
+        )
+    converted = convert_tensors(state)
+    if expected is not None:
+        converted = select_for_model(converted, expected)
+    return converted
+
+
+def converted_shapes(
+    layout: Mapping[str, tuple[tuple[int, ...], np.dtype | str]],
+) -> dict[str, tuple[int, ...]]:
+    """``{target key: Paddle shape}`` that a ``{source key: (shape, dtype)}`` layout converts to."""
+    return {key: step.shape for key, (_, step) in plan(layout).items()}
+
+
+def model_shapes(model: paddle.nn.Layer) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(int(d) for d in v.shape) for k, v in model.state_dict().items()}
+
+
+def _build_lazy(spec: Any = None, enable_inst_interactivity: bool = False) -> paddle.nn.Layer:
+    """The SAM 3 image model of ``spec`` (released sizes by default) under ``LazyGuard``:
+    parameters are declared, not initialised."""
+    from ..models.sam3 import build_sam3
+
+    spec = build_sam3.SAM3_SPEC if spec is None else spec
+    with paddle.LazyGuard(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no checkpoint_path, the weights are random"
+        return build_sam3.build_sam3_image_model(
+            spec=spec, enable_inst_interactivity=enable_inst_interactivity
+        )
+
+
+def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -> dict:
+    """Parameter shapes of the SAM 3 image model of ``spec`` (the released one by default)."""
+    return model_shapes(_build_lazy(spec, enable_inst_interactivity))
+
+
+def read_sam3_weights(
+    path: str | os.PathLike, spec: Any = None, model: paddle.nn.Layer | None = None
+) -> dict[str, np.ndarray]:
+    """Paddle-layout float32 weights from an official checkpoint (converted in memory, without
+    torch) or a ``.pdparams`` written by ``paddle-sam convert``. With ``model`` they are
+    checked strictly against it and reduced to the parts it holds (:func:`select_for_model`);
+    ``spec`` is accepted for symmetry with the SAM v1 loader (the model carries the sizes)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == ".pdparams":
+        try:
+            state = paddle.load(str(path), return_numpy=True)
+        except Exception as exc:  # paddle raises many types for damaged files
+            raise CheckpointFormatError(
+                f"cannot read {path}: not a valid .pdparams ({exc})"
+            ) from exc
+        if not isinstance(state, dict):
+            raise CheckpointFormatError(f"{path} does not hold a state dict")
+    else:
+        raw = load_state_dict(path)
+        if not is_sam3_checkpoint(raw):
+            raise CheckpointMismatchError(
+                f"{path} is not a SAM 3 checkpoint: no 'detector.backbone.*' keys"
+            )
+        state = convert_state_dict(raw)
+    if model is not None:
+        state = select_for_model(state, model_shapes(model), where=f"{path}: ")
+    return state
+
+
+def load_state_strict(model: paddle.nn.Layer, state: Mapping[str, np.ndarray]) -> None:
+    """Set ``model``'s weights from a Paddle-layout state dict: every key present, nothing
+    extra, shapes equal (:class:`CheckpointMismatchError` otherwise)."""
+    check_keys(model_shapes(model), state)
+    model.set_state_dict(
+        {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
+    )
+
+
+_QKV_KEY = re.compile(r"^(.*)\.([qkv])_proj\.(weight|bias)$")
+
+
+def released_layout(spec: Any = None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{key: (torch shape, dtype)}`` of the ``detector.*`` part of an official checkpoint
+    for ``spec`` (released sizes by default): fused in_proj, ``[out, in]`` Linear weights, the
+    second neck (``sam2_convs``) and complex64 ``freqs_cis`` tables, as ``sam3.pt`` holds them.
+    Built from our model, so :func:`plan` applied to it must give the model's layout back."""
+    return _released_layout(_build_lazy(spec))
+
+
+def _released_layout(model: paddle.nn.Layer) -> dict[str, tuple[tuple[int, ...], str]]:
+    linear = {f"{n}.weight" for n, m in model.named_sublayers() if isinstance(m, paddle.nn.Linear)}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    fused: dict[str, list[int]] = {}
+    for key, shape in model_shapes(model).items():
+        m = _QKV_KEY.match(key)
+        if m:  # Paddle weight [in, out] / bias [out] -> rows of torch's in_proj
+            fused.setdefault(f"{m.group(1)}.in_proj_{m.group(3)}", [0, *shape[:-1]])[0] += shape[-1]
+            continue
+        if key.startswith("backbone.vision_backbone.convs."):
+            twin = key.replace(".convs.", ".sam2_convs.", 1)
+            out[DETECTOR_PREFIX + twin] = (shape, "float32")
+        out[DETECTOR_PREFIX + key] = (shape[::-1] if key in linear else shape, "float32")
+    for name, (rows, *rest) in fused.items():
+        out[DETECTOR_PREFIX + name] = ((rows, *rest), "float32")
+    for key, attn in _rope_layers(model).items():
+        out[key] = (tuple(attn.rope_cos.shape), "complex64")
+    return out
+
+
+def _rope_layers(model: paddle.nn.Layer) -> dict[str, paddle.nn.Layer]:
+    """``{released freqs_cis key: attention layer}`` for the trunk's RoPE attentions."""
+    blocks = model.backbone.vision_backbone.trunk.blocks
+    prefix = f"{DETECTOR_PREFIX}backbone.vision_backbone.trunk.blocks"
+    return {f"{prefix}.{i}.attn.freqs_cis": b.attn for i, b in enumerate(blocks) if b.attn.use_rope}
+
+
+def random_released_state_dict(spec: Any = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights in the official ``sam3.pt`` layout (detector part, see
+    :func:`released_layout`), for demos and tests that need an "official" file without torch.
+    ``freqs_cis`` hold the true RoPE tables; the model built from these weights is meaningless.
+    """
+    model = _build_lazy(spec)
+    rope = _rope_layers(model)
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for key, (shape, dtype) in _released_layout(model).items():
+        if dtype == "complex64":
+            attn = rope[key]
+            out[key] = (attn.rope_cos.numpy() + 1j * attn.rope_sin.numpy()).astype(np.complex64)
+            continue
+        if key.endswith(".weight") and len(shape) == 1:  # norms
+            value = 1.0 + 0.02 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            value = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
+        out[key] = value.astype(np.float32)
+    return out

@@ -1,0 +1,1 @@
+"""SAM 3 image model (facebookresearch/sam3) in PaddlePaddle."""

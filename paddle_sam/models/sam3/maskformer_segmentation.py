@@ -1,0 +1,143 @@
+"""Segmentation head: pixel decoder, instance masks and semantic map.
+
+Upstream: sam3/model/maskformer_segmentation.py (UniversalSegmentationHead with encoder
+inputs, the configuration SAM 3 uses).
+"""
+
+from __future__ import annotations
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from .model_misc import MLP
+
+
+class MaskPredictor(nn.Layer):
+    """Mask logits as the dot product of each query's embedding with each pixel embedding."""
+
+    def __init__(self, hidden_dim: int, mask_dim: int) -> None:
+        super().__init__()
+        self.mask_embed = MLP(hidden_dim, hidden_dim, mask_dim, 3)
+
+    def forward(self, obj_queries: paddle.Tensor, pixel_embed: paddle.Tensor) -> paddle.Tensor:
+        """obj_queries ``B x Q x C``; pixel_embed ``B x C x H x W`` -> ``B x Q x H x W``."""
+        if obj_queries.ndim != 3 or pixel_embed.ndim != 4:
+            raise ValueError(
+                f"expected B x Q x C queries and B x C x H x W pixels, got {obj_queries.shape} "
+                f"and {pixel_embed.shape}"
+            )
+        b, c, h, w = pixel_embed.shape
+        out = paddle.matmul(self.mask_embed(obj_queries), pixel_embed.reshape([b, c, h * w]))
+        return out.reshape([b, -1, h, w])
+
+
+class PixelDecoder(nn.Layer):
+    """FPN-style top-down path: upsample, add the finer level, conv 3x3, GroupNorm(8), ReLU."""
+
+    def __init__(
+        self,
+        hidden_dim: int,
+        num_upsampling_stages: int,
+        interpolation_mode: str = "nearest",
+        shared_conv: bool = False,
+        compile_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.num_upsampling_stages = num_upsampling_stages
+        self.interpolation_mode = interpolation_mode
+        n = 1 if shared_conv else num_upsampling_stages
+        self.conv_layers = nn.LayerList(
+            [nn.Conv2D(hidden_dim, hidden_dim, 3, 1, 1) for _ in range(n)]
+        )
+        self.norms = nn.LayerList([nn.GroupNorm(8, hidden_dim) for _ in range(n)])
+        self.shared_conv = shared_conv
+        self.out_dim = hidden_dim
+
+    def forward(self, backbone_feats: list[paddle.Tensor]) -> paddle.Tensor:
+        """Levels fine to coarse, each ``B x C x H x W`` -> ``B x C x H0 x W0``."""
+        prev = backbone_feats[-1]
+        for layer_idx, feat in enumerate(backbone_feats[:-1][::-1]):
+            up = F.interpolate(prev, size=feat.shape[-2:], mode=self.interpolation_mode)
+            prev = feat + up
+            i = 0 if self.shared_conv else layer_idx
+            prev = F.relu(self.norms[i](self.conv_layers[i](prev)))
+        return prev
+
+
+class UniversalSegmentationHead(nn.Layer):
+    """Instance masks and a semantic map from the pixel decoder, fed with the encoder's image
+    tokens (after an optional cross-attention to the prompt) in place of the coarsest level."""
+
+    def __init__(
+        self,
+        hidden_dim: int,
+        upsampling_stages: int,
+        pixel_decoder: nn.Layer,
+        aux_masks: bool = False,
+        no_dec: bool = False,
+        act_ckpt: bool = False,
+        presence_head: bool = False,
+        dot_product_scorer: nn.Layer | None = None,
+        cross_attend_prompt: nn.Layer | None = None,
+    ) -> None:
+        super().__init__()
+        if aux_masks or no_dec or presence_head or dot_product_scorer is not None:
+            raise NotImplementedError(
+                "aux_masks, no_dec and presence_head are not supported (unused by SAM 3)"
+            )
+        self.d_model = hidden_dim
+        self.use_encoder_inputs = True
+        self.aux_masks = aux_masks
+        self.no_dec = no_dec
+        self.pixel_decoder = pixel_decoder
+        self.mask_predictor = MaskPredictor(hidden_dim, mask_dim=hidden_dim)
+        self.presence_head = None
+        self.cross_attend_prompt = cross_attend_prompt
+        if cross_attend_prompt is not None:
+            self.cross_attn_norm = nn.LayerNorm(hidden_dim)
+        self.semantic_seg_head = nn.Conv2D(pixel_decoder.out_dim, 1, kernel_size=1)
+        self.instance_seg_head = nn.Conv2D(pixel_decoder.out_dim, hidden_dim, kernel_size=1)
+        self.instance_keys = ["pred_masks"]
+
+    def _embed_pixels(
+        self,
+        backbone_feats: list[paddle.Tensor],
+        image_ids: paddle.Tensor,
+        encoder_hidden_states: paddle.Tensor,
+    ) -> paddle.Tensor:
+        if backbone_feats[0].shape[0] > 1:
+            feats = [paddle.gather(f, image_ids, axis=0) for f in backbone_feats]
+        else:
+            feats = list(backbone_feats)
+        c, h, w = backbone_feats[-1].shape[1:]
+        enc = encoder_hidden_states.transpose([1, 2, 0])[..., : h * w]
+        feats[-1] = enc.reshape([-1, c, h, w])
+        return self.pixel_decoder(feats)
+
+    def forward(
+        self,
+        backbone_feats: list[paddle.Tensor],
+        obj_queries: paddle.Tensor,
+        image_ids: paddle.Tensor,
+        encoder_hidden_states: paddle.Tensor,
+        prompt: paddle.Tensor | None = None,
+        prompt_mask: paddle.Tensor | None = None,
+    ) -> dict[str, paddle.Tensor | None]:
+        """backbone_feats: FPN levels ``N x C x H x W``; obj_queries ``L x B x Q x C``;
+        encoder_hidden_states ``HW x B x C``; prompt ``S x B x C`` with mask ``B x S``.
+
+        Returns pred_masks ``B x Q x H0 x W0``, semantic_seg ``B x 1 x H0 x W0``.
+        """
+        if self.cross_attend_prompt is not None:
+            tgt2 = self.cross_attn_norm(encoder_hidden_states)
+            tgt2 = self.cross_attend_prompt(tgt2, prompt, prompt, key_padding_mask=prompt_mask)[0]
+            encoder_hidden_states = tgt2 + encoder_hidden_states
+        pixel_embed = self._embed_pixels(backbone_feats, image_ids, encoder_hidden_states)
+        instance_embeds = self.instance_seg_head(pixel_embed)
+        return {
+            "pred_masks": self.mask_predictor(obj_queries[-1], instance_embeds),
+            "semantic_seg": self.semantic_seg_head(pixel_embed),
+            "presence_logit": None,
+        }

@@ -1,0 +1,270 @@
+"""Layers shared by the SAM 3 modules (upstream: sam3/model/model_misc.py).
+
+``MultiheadAttention`` follows ``torch.nn.MultiheadAttention`` semantics (sequence-first unless
+``batch_first``, bool or additive ``attn_mask``, ``key_padding_mask``) with separate q/k/v
+projections; the converter splits torch's fused ``in_proj_weight`` into them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from ..common import Linear
+
+
+def inverse_sigmoid(x: paddle.Tensor, eps: float = 1e-3) -> paddle.Tensor:
+    """``log(x / (1 - x))`` with both terms clamped to ``eps`` (x clamped to [0, 1] first)."""
+    x = x.clip(0.0, 1.0)
+    return paddle.log(x.clip(min=eps) / (1 - x).clip(min=eps))
+
+
+_ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
+
+
+def _as_additive(mask: paddle.Tensor, dtype: paddle.dtype) -> paddle.Tensor:
+    """Bool mask (True = masked out) -> 0 / -inf; float masks are returned as they are."""
+    if mask.dtype == paddle.bool:
+        return paddle.where(mask, paddle.full([], float("-inf"), dtype), paddle.zeros([], dtype))
+    return mask.astype(dtype)
+
+
+class MultiheadAttention(nn.Layer):
+    """Multi-head attention with ``torch.nn.MultiheadAttention`` semantics.
+
+    Inputs are ``L x B x E`` (``B x L x E`` with ``batch_first``). ``attn_mask`` is ``L x S`` or
+    ``(B * num_heads) x L x S``, bool (True = not allowed) or additive float;
+    ``key_padding_mask`` is ``B x S``, bool (True = padding) or additive float. Returns
+    ``(output, None)``: attention weights are never returned (upstream wraps the layer with
+    ``need_weights=False``). Dropout is applied to the attention weights in training only.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        batch_first: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.q_proj = Linear(embed_dim, embed_dim, bias_attr=None if bias else False)
+        self.k_proj = Linear(kdim or embed_dim, embed_dim, bias_attr=None if bias else False)
+        self.v_proj = Linear(vdim or embed_dim, embed_dim, bias_attr=None if bias else False)
+        self.out_proj = Linear(embed_dim, embed_dim, bias_attr=None if bias else False)
+
+    def forward(
+        self,
+        query: paddle.Tensor,
+        key: paddle.Tensor,
+        value: paddle.Tensor,
+        key_padding_mask: paddle.Tensor | None = None,
+        need_weights: bool = False,
+        attn_mask: paddle.Tensor | None = None,
+    ) -> tuple[paddle.Tensor, None]:
+        if not self.batch_first:
+            query, key, value = (t.transpose([1, 0, 2]) for t in (query, key, value))
+        b, n_q, _ = query.shape
+        n_k = key.shape[1]
+        h, d = self.num_heads, self.head_dim
+        q = self.q_proj(query).reshape([b, n_q, h, d]).transpose([0, 2, 1, 3])
+        k = self.k_proj(key).reshape([b, n_k, h, d]).transpose([0, 2, 1, 3])
+        v = self.v_proj(value).reshape([b, n_k, h, d]).transpose([0, 2, 1, 3])
+
+        mask = None  # additive, broadcastable to B x h x Lq x Lk
+        if attn_mask is not None:
+            mask = _as_additive(attn_mask, q.dtype)
+            mask = mask.reshape([b, h, n_q, n_k] if mask.ndim == 3 else [1, 1, n_q, n_k])
+        if key_padding_mask is not None:
+            pad = _as_additive(key_padding_mask, q.dtype).reshape([b, 1, 1, n_k])
+            mask = pad if mask is None else mask + pad
+        q = q * (1.0 / math.sqrt(d))
+        # Rows of the attention matrix are independent: compute them in blocks of at most
+        # _ATTN_BLOCK scores, so B x h x Lq x Lk (860 MB for SAM 3's 72x72 encoder) is never
+        # materialised at once.
+        step = max(1, _ATTN_BLOCK // max(1, b * h * n_k))
+        outs = []
+        for i in range(0, n_q, step):
+            attn = paddle.matmul(q[:, :, i : i + step], k, transpose_y=True)
+            if mask is not None:
+                attn = attn + (mask[:, :, i : i + step] if mask.shape[2] > 1 else mask)
+            attn = F.softmax(attn, axis=-1)
+            if self.training and self.dropout > 0:
+                attn = F.dropout(attn, self.dropout)
+            outs.append(paddle.matmul(attn, v))
+        out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)
+        out = out.transpose([0, 2, 1, 3]).reshape([b, n_q, h * d])
+        out = self.out_proj(out)
+        if not self.batch_first:
+            out = out.transpose([1, 0, 2])
+        return out, None
+
+
+class MLP(nn.Layer):
+    """Linear layers with ReLU between them, optional residual and output norm (upstream MLP)."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        hidden_dim: int,
+        output_dim: int,
+        num_layers: int,
+        dropout: float = 0.0,
+        residual: bool = False,
+        out_norm: nn.Layer | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        h = [hidden_dim] * (num_layers - 1)
+        self.layers = nn.LayerList(
+            Linear(n, k) for n, k in zip([input_dim] + h, h + [output_dim], strict=True)
+        )
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        if residual and input_dim != output_dim:
+            raise ValueError("residual is only supported if input_dim == output_dim")
+        self.residual = residual
+        self.out_norm = out_norm or nn.Identity()
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        orig_x = x
+        for i, layer in enumerate(self.layers):
+            x = self.drop(F.relu(layer(x))) if i < self.num_layers - 1 else layer(x)
+        if self.residual:
+            x = x + orig_x
+        return self.out_norm(x)
+
+
+class DotProductScoring(nn.Layer):
+    """Query-vs-prompt classification logits: mean-pooled prompt dotted with each query."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_proj: int,
+        prompt_mlp: nn.Layer | None = None,
+        clamp_logits: bool = True,
+        clamp_max_val: float = 12.0,
+    ) -> None:
+        super().__init__()
+        self.d_proj = d_proj
+        self.prompt_mlp = prompt_mlp
+        self.prompt_proj = Linear(d_model, d_proj)
+        self.hs_proj = Linear(d_model, d_proj)
+        self.scale = float(1.0 / math.sqrt(d_proj))
+        self.clamp_logits = clamp_logits
+        self.clamp_max_val = clamp_max_val
+
+    @staticmethod
+    def mean_pool_text(prompt: paddle.Tensor, prompt_mask: paddle.Tensor) -> paddle.Tensor:
+        """prompt: ``S x B x C``; prompt_mask: ``B x S`` bool, True = padding -> ``B x C``."""
+        is_valid = (~prompt_mask).astype(prompt.dtype).transpose([1, 0]).unsqueeze(-1)
+        num_valid = is_valid.sum(axis=0).clip(min=1.0)
+        return (prompt * is_valid).sum(axis=0) / num_valid
+
+    def forward(
+        self, hs: paddle.Tensor, prompt: paddle.Tensor, prompt_mask: paddle.Tensor
+    ) -> paddle.Tensor:
+        """hs ``L x B x Q x C``, prompt ``S x B x C``, prompt_mask ``B x S`` -> ``L x B x Q x 1``"""
+        if hs.ndim != 4 or prompt.ndim != 3 or prompt_mask.ndim != 2:
+            raise ValueError(
+                f"expected hs 4-D, prompt 3-D, prompt_mask 2-D; got {hs.ndim}, {prompt.ndim}, "
+                f"{prompt_mask.ndim}"
+            )
+        if self.prompt_mlp is not None:
+            prompt = self.prompt_mlp(prompt)
+        pooled = self.prompt_proj(self.mean_pool_text(prompt, prompt_mask))  # B x d_proj
+        proj_hs = self.hs_proj(hs)
+        scores = paddle.matmul(proj_hs, pooled.unsqueeze(-1)) * self.scale
+        if self.clamp_logits:
+            scores = scores.clip(-self.clamp_max_val, self.clamp_max_val)
+        return scores
+
+
+class LayerScale(nn.Layer):
+    """Per-channel scale ``x * gamma``."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = self.create_parameter(
+            [dim], default_initializer=nn.initializer.Constant(init_values)
+        )
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return x * self.gamma
+
+
+class TransformerWrapper(nn.Layer):
+    """Holds the fusion encoder and the decoder (upstream TransformerWrapper, inference only)."""
+
+    def __init__(
+        self,
+        encoder: nn.Layer,
+        decoder: nn.Layer | None,
+        d_model: int,
+        two_stage_type: str = "none",
+        pos_enc_at_input_dec: bool = True,
+    ) -> None:
+        super().__init__()
+        if two_stage_type != "none":
+            raise ValueError(f"unknown two_stage_type {two_stage_type!r}: only 'none'")
+        self.encoder = encoder
+        self.decoder = decoder
+        self.num_queries = decoder.num_queries if decoder is not None else None
+        self.pos_enc_at_input_dec = pos_enc_at_input_dec
+        self.two_stage_type = two_stage_type
+        self.d_model = d_model
+
+
+def get_clones(module: nn.Layer, n: int) -> nn.LayerList:
+    """``n`` independent deep copies of ``module``."""
+    return nn.LayerList([copy.deepcopy(module) for _ in range(n)])
+
+
+def get_activation_fn(activation: str) -> Callable[[paddle.Tensor], paddle.Tensor]:
+    """``relu`` / ``gelu`` (exact erf) / ``glu`` by name."""
+    if activation == "relu":
+        return F.relu
+    if activation == "gelu":
+        return F.gelu
+    if activation == "glu":
+        return F.glu
+    raise ValueError(f"activation should be relu/gelu/glu, not {activation!r}")
+
+
+def gen_sineembed_for_position(pos_tensor: paddle.Tensor, num_feats: int = 256) -> paddle.Tensor:
+    """Sine embedding of ``Q x B x k`` points (k=2) or boxes (k=4) -> ``Q x B x num_feats/2*k``.
+
+    Order of the parts: y, x (then w, h for boxes); sin and cos interleaved.
+    """
+    if num_feats % 2 != 0:
+        raise ValueError(f"num_feats must be even, got {num_feats}")
+    half = num_feats // 2
+    scale = 2 * math.pi
+    dim_t = paddle.arange(half, dtype="float32")
+    dim_t = 10000 ** (2 * paddle.floor(dim_t / 2) / half)
+
+    def embed(c: paddle.Tensor) -> paddle.Tensor:
+        p = (c * scale).unsqueeze(-1) / dim_t
+        return paddle.stack((p[:, :, 0::2].sin(), p[:, :, 1::2].cos()), axis=3).flatten(2)
+
+    n = pos_tensor.shape[-1]
+    if n == 2:
+        return paddle.concat([embed(pos_tensor[:, :, 1]), embed(pos_tensor[:, :, 0])], axis=2)
+    if n == 4:
+        parts = [embed(pos_tensor[:, :, i]) for i in (1, 0, 2, 3)]
+        return paddle.concat(parts, axis=2)
+    raise ValueError(f"unknown pos_tensor shape(-1): {n} (expected 2 or 4)")

@@ -1,0 +1,222 @@
+"""``Sam3Processor``: the official SAM 3 image inference API (upstream: sam3_image_processor.py).
+
+The image goes through the backbone once (``set_image``); text and box prompts then rerun only
+the heads. Results land in the ``state`` dict under upstream's keys, as paddle tensors:
+``masks`` (``K x 1 x H x W`` bool), ``masks_logits`` (``K x 1 x H x W`` probabilities, as
+upstream names them), ``boxes`` (``K x 4`` xyxy pixels), ``scores`` (``K``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from ..models.sam3.box_ops import box_cxcywh_to_xyxy
+from ..models.sam3.sam3_image import FindStage, Sam3Image
+from .predictor import check_image
+
+
+def _aa_bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Integer taps of torch's antialiased bilinear resize of uint8 images (its int16 path).
+
+    Returns tap start indices ``[out]``, int64 weights ``[out, K]`` and the fixed-point
+    precision: output = clip((sum(w * x) + 2^(p-1)) >> p, 0, 255).
+    """
+    scale = in_size / out_size
+    support = scale if scale >= 1.0 else 1.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    starts, rows = [], []
+    for i in range(out_size):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), in_size)
+        w = np.maximum(0.0, 1.0 - np.abs((np.arange(lo, hi) - center + 0.5) * invscale))
+        total = w.sum()
+        starts.append(lo)
+        rows.append(w / total if total != 0 else w)
+    wmax = max(r.max() for r in rows)
+    prec = 0
+    while prec < 22 and int(0.5 + wmax * (1 << (prec + 1))) < (1 << 15):
+        prec += 1
+    k = max(len(r) for r in rows)
+    weights = np.zeros((out_size, k), np.int64)
+    for i, r in enumerate(rows):
+        weights[i, : len(r)] = np.floor(r * (1 << prec) + 0.5)
+    return np.asarray(starts), weights, prec
+
+
+def _resize_axis(x: np.ndarray, out_size: int, axis: int) -> np.ndarray:
+    in_size = x.shape[axis]
+    starts, weights, prec = _aa_bilinear_taps(in_size, out_size)
+    # int32 is exact: weights sum to ~2^prec <= 2^15 and pixels are < 2^8
+    weights = weights.astype(np.int32)
+    shape = [1] * x.ndim
+    shape[axis] = out_size
+    acc = None
+    for t in range(weights.shape[1]):
+        idx = np.minimum(starts + t, in_size - 1)  # zero weights beyond each row's taps
+        term = np.take(x, idx, axis=axis).astype(np.int32) * weights[:, t].reshape(shape)
+        acc = term if acc is None else acc + term
+    acc += np.int32(1 << (prec - 1))
+    return np.clip(acc >> prec, 0, 255).astype(np.uint8)
+
+
+def resize_uint8_antialias(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``H x W x C`` uint8 -> ``height x width x C`` uint8, bit-exact with torchvision's
+    ``v2.Resize`` (bilinear, antialias) on a uint8 tensor: horizontal pass, then vertical."""
+    x = image
+    if x.shape[1] != width:
+        x = _resize_axis(x, width, axis=1)
+    if x.shape[0] != height:
+        x = _resize_axis(x, height, axis=0)
+    return x
+
+
+def _as_rgb_array(image: Any) -> np.ndarray:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - pillow is a dependency
+        Image = None  # noqa: N806
+    if Image is not None and isinstance(image, Image.Image):
+        return np.asarray(image.convert("RGB"))
+    if isinstance(image, np.ndarray):
+        check_image(image)
+        return image
+    raise TypeError(
+        f"image must be a PIL image or an H x W x 3 uint8 numpy array, got {type(image).__name__}"
+    )
+
+
+class Sam3Processor:
+    """Text / box prompted segmentation with a SAM 3 image model, upstream's API."""
+
+    def __init__(
+        self,
+        model: Sam3Image,
+        resolution: int = 1008,
+        device: str | None = None,
+        confidence_threshold: float = 0.5,
+    ) -> None:
+        if device is not None:
+            paddle.set_device(device)
+        self.model = model
+        self.resolution = resolution
+        self.device = device
+        self.confidence_threshold = confidence_threshold
+        self.find_stage = FindStage(
+            img_ids=paddle.to_tensor([0], dtype="int64"),
+            text_ids=paddle.to_tensor([0], dtype="int64"),
+        )
+
+    def _preprocess(self, image: np.ndarray) -> paddle.Tensor:
+        """``H x W x 3`` uint8 -> ``3 x R x R`` float32 in [-1, 1] (mean = std = 0.5)."""
+        x = resize_uint8_antialias(image, self.resolution, self.resolution)
+        x = x.transpose(2, 0, 1).astype(np.float32) / 255.0
+        return paddle.to_tensor((x - 0.5) / 0.5)
+
+    @paddle.no_grad()
+    def set_image(self, image: Any, state: dict | None = None) -> dict:
+        """Run the backbone on one image (PIL or ``H x W x 3`` uint8 RGB) and cache it in state."""
+        state = {} if state is None else state
+        array = _as_rgb_array(image)
+        state["original_height"], state["original_width"] = array.shape[:2]
+        state["backbone_out"] = self.model.backbone.forward_image(
+            self._preprocess(array).unsqueeze(0)
+        )
+        return state
+
+    @paddle.no_grad()
+    def set_image_batch(self, images: list, state: dict | None = None) -> dict:
+        """Run the backbone on a list of images (PIL or ``H x W x 3`` uint8 RGB)."""
+        state = {} if state is None else state
+        if not isinstance(images, list) or not images:
+            raise ValueError("images must be a non-empty list of PIL images or arrays")
+        arrays = [_as_rgb_array(im) for im in images]
+        state["original_heights"] = [a.shape[0] for a in arrays]
+        state["original_widths"] = [a.shape[1] for a in arrays]
+        batch = paddle.stack([self._preprocess(a) for a in arrays])
+        state["backbone_out"] = self.model.backbone.forward_image(batch)
+        return state
+
+    @paddle.no_grad()
+    def set_text_prompt(self, prompt: str, state: dict) -> dict:
+        """Set (replace) the text prompt and run the heads."""
+        if "backbone_out" not in state:
+            raise ValueError("You must call set_image before set_text_prompt")
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+        state["backbone_out"].update(self.model.backbone.forward_text([prompt]))
+        if "geometric_prompt" not in state:
+            state["geometric_prompt"] = self.model._get_dummy_prompt()
+        return self._forward_grounding(state)
+
+    @paddle.no_grad()
+    def add_geometric_prompt(self, box: Any, label: bool, state: dict) -> dict:
+        """Add a box ``[cx, cy, w, h]`` normalised to [0, 1]; label True = positive."""
+        if "backbone_out" not in state:
+            raise ValueError("You must call set_image before add_geometric_prompt")
+        box = np.asarray(box, dtype=np.float32)
+        if box.shape != (4,) or not np.isfinite(box).all():
+            raise ValueError(f"box must be 4 finite numbers [cx, cy, w, h], got {box.tolist()}")
+        if "language_features" not in state["backbone_out"]:
+            # no text yet: upstream prompts the text encoder with "visual"
+            state["backbone_out"].update(self.model.backbone.forward_text(["visual"]))
+        if "geometric_prompt" not in state:
+            state["geometric_prompt"] = self.model._get_dummy_prompt()
+        state["geometric_prompt"].append_boxes(
+            paddle.to_tensor(box).reshape([1, 1, 4]),
+            paddle.to_tensor([[int(bool(label))]], dtype="int64"),
+        )
+        return self._forward_grounding(state)
+
+    def reset_all_prompts(self, state: dict) -> None:
+        """Remove every prompt and result; the image features stay."""
+        for key in ("language_features", "language_mask", "language_embeds"):
+            state.get("backbone_out", {}).pop(key, None)
+        for key in ("geometric_prompt", "boxes", "masks", "masks_logits", "scores"):
+            state.pop(key, None)
+
+    @paddle.no_grad()
+    def set_confidence_threshold(self, threshold: float, state: dict | None = None) -> dict | None:
+        """Change the threshold; reruns the heads when state already holds results."""
+        self.confidence_threshold = threshold
+        if state is not None and "boxes" in state:
+            return self._forward_grounding(state)
+        return state
+
+    @paddle.no_grad()
+    def _forward_grounding(self, state: dict) -> dict:
+        if "original_height" not in state:
+            raise ValueError("prompts need an image set with set_image (not set_image_batch)")
+        out = self.model.forward_grounding(
+            backbone_out=state["backbone_out"],
+            find_input=self.find_stage,
+            geometric_prompt=state["geometric_prompt"],
+            find_target=None,
+        )
+        probs = F.sigmoid(out["pred_logits"]) * F.sigmoid(out["presence_logit_dec"]).unsqueeze(1)
+        probs = probs.squeeze(-1)  # 1 x Q
+        keep = paddle.nonzero(probs > self.confidence_threshold)  # K x 2
+        img_h, img_w = state["original_height"], state["original_width"]
+        masks = out["pred_masks"]
+        if keep.shape[0] == 0:
+            state["masks_logits"] = paddle.zeros([0, 1, img_h, img_w], "float32")
+            state["masks"] = paddle.zeros([0, 1, img_h, img_w], "bool")
+            state["boxes"] = paddle.zeros([0, 4], "float32")
+            state["scores"] = paddle.zeros([0], "float32")
+            return state
+        scores = paddle.gather_nd(probs, keep)
+        boxes = box_cxcywh_to_xyxy(paddle.gather_nd(out["pred_boxes"], keep))
+        boxes = boxes * paddle.to_tensor([img_w, img_h, img_w, img_h], dtype=boxes.dtype)
+        masks = paddle.gather_nd(masks, keep).unsqueeze(1)
+        masks = F.sigmoid(
+            F.interpolate(masks, size=(img_h, img_w), mode="bilinear", align_corners=False)
+        )
+        state["masks_logits"] = masks
+        state["masks"] = masks > 0.5
+        state["boxes"] = boxes
+        state["scores"] = scores
+        return state

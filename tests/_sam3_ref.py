@@ -1,0 +1,180 @@
+"""Helpers to run the official sam3 code (facebookresearch/sam3 0.1.4) on the CPU in tests.
+
+Importing this module imports neither torch nor sam3; every helper imports them when called.
+
+sam3 0.1.4 assumes CUDA in three places (DESIGN.md section 2). :func:`cpu_patches` patches
+them for the duration of a ``with`` block, without touching site-packages:
+
+* ``PositionEmbeddingSine(precompute_resolution=...)`` fills its cache from tensors made on
+  ``"cuda"``: the cache is filled from CPU tensors instead (same values; ``forward`` computes
+  exactly what the cache would hold);
+* ``TransformerDecoder`` builds its box-RPB coordinates with ``device="cuda"``: made on the CPU;
+* ``SequenceGeometryEncoder`` calls ``Tensor.pin_memory()``: a no-op.
+
+Use it as a context manager around building *and* running the reference, or through the
+``sam3_cpu`` pytest fixture pattern::
+
+    @pytest.fixture
+    def sam3_cpu():
+        with cpu_patches():
+            yield
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+BPE_NAME = "bpe_simple_vocab_16e6.txt.gz"
+
+
+def import_sam3() -> tuple[Any, Any]:
+    """``(torch, sam3)``, or ImportError saying that they are test-only references."""
+    try:
+        import sam3
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the official sam3 reference is not installed (test-only): "
+            "pip install torch==2.14.1 torchvision==0.29.1 sam3"
+        ) from exc
+    return torch, sam3
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Patch sam3's three CUDA-only spots (see the module docstring) inside the block."""
+    from unittest import mock
+
+    torch, _ = import_sam3()
+    from sam3.model import decoder, position_encoding
+
+    pe_cls = position_encoding.PositionEmbeddingSine
+    pe_init = pe_cls.__init__
+
+    def pe_init_cpu(self, *args: Any, precompute_resolution: int | None = None, **kw: Any):
+        pe_init(self, *args, precompute_resolution=None, **kw)
+        if precompute_resolution is not None:
+            for stride in (4, 8, 16, 32):
+                size = (precompute_resolution // stride, precompute_resolution // stride)
+                self.forward(torch.zeros((1, 1, *size)))
+                self.cache[size] = self.cache[size].clone().detach()
+
+    get_coords = decoder.TransformerDecoder._get_coords
+
+    def get_coords_cpu(h: int, w: int, device: Any):
+        return get_coords(h, w, "cpu" if str(device).startswith("cuda") else device)
+
+    def pin_memory_noop(self, *args: Any, **kwargs: Any):
+        return self
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(pe_cls, "__init__", pe_init_cpu))
+        stack.enter_context(
+            mock.patch.object(
+                decoder.TransformerDecoder, "_get_coords", staticmethod(get_coords_cpu)
+            )
+        )
+        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", pin_memory_noop))
+        yield
+
+
+def perturb_state_dict(
+    state_dict: Mapping[str, Any], seed: int = 0, scale: float = 0.02, init_std: float = 0.02
+) -> dict[str, Any]:
+    """A copy of a torch state dict with every floating tensor made finite and perturbed.
+
+    Tensors that hold a non-finite or absurd value (sam3 leaves the text encoder's
+    ``positional_embedding`` and ``text_projection`` as ``torch.empty``) are first drawn from
+    N(0, ``init_std``). Then every floating tensor gets relative noise
+    ``scale * N(0, 1) * (mean|t| + 0.5)``, so norms at 1 and biases at 0 all matter.
+    Complex buffers (RoPE ``freqs_cis``) and integer tensors are returned unchanged: they are
+    fixed functions of the configuration, which our model recomputes.
+    """
+    torch, _ = import_sam3()
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for key, t in state_dict.items():
+            if not t.is_floating_point():
+                out[key] = t.clone()
+                continue
+            t = t.detach().clone()
+            if t.numel() and (not torch.isfinite(t).all() or t.abs().max() > 1e3):
+                t = torch.randn(t.shape, generator=gen, dtype=t.dtype) * init_std
+            noise = torch.randn(t.shape, generator=gen, dtype=t.dtype)
+            out[key] = t + scale * noise * (t.abs().mean() + 0.5)
+    return out
+
+
+def perturb_module_(module: Any, seed: int = 0, scale: float = 0.02) -> Any:
+    """:func:`perturb_state_dict` applied to ``module`` in place (strict load); returns it."""
+    module.load_state_dict(perturb_state_dict(module.state_dict(), seed, scale), strict=True)
+    return module
+
+
+def fan_in_init_(module: Any, seed: int = 0, gain: float = 1.0) -> Any:
+    """Redraw every Linear weight (and fused ``in_proj_weight``) from N(0, gain^2 / fan_in).
+
+    Upstream inits (trunc-normal std 0.02) keep attention logits near 0: softmax is then
+    almost uniform and a wrong RoPE or mask barely moves the output. Unit-variance
+    projections make attention peaked, so positional details matter. Returns ``module``.
+    """
+    torch, _ = import_sam3()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for sub in module.modules():
+            for name in ("weight", "in_proj_weight"):
+                w = getattr(sub, name, None)
+                is_linear = isinstance(sub, torch.nn.Linear) and name == "weight"
+                if w is None or not (is_linear or name == "in_proj_weight"):
+                    continue
+                std = gain / w.shape[1] ** 0.5
+                w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * std)
+    return module
+
+
+def numpy_state_dict(module_or_state: Any) -> dict[str, np.ndarray]:
+    """A torch module's (or state dict's) tensors as numpy arrays, official names and layouts."""
+    state = (
+        module_or_state.state_dict() if hasattr(module_or_state, "state_dict") else module_or_state
+    )
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A torch or paddle tensor (or array) as a numpy array."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+    return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+
+
+def metrics(ref: Any, ours: Any) -> tuple[float, float, float]:
+    """(cosine, max abs error, mean abs error) of two same-shaped arrays, in float64."""
+    a = to_numpy(ref).astype(np.float64).ravel()
+    b = to_numpy(ours).astype(np.float64).ravel()
+    if a.shape != b.shape:
+        raise AssertionError(f"shape mismatch: reference {a.shape}, ours {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise AssertionError("non-finite values in the compared outputs")
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    cos = float(a @ b / denom) if denom > 0 else float(np.array_equal(a, b))
+    diff = np.abs(a - b)
+    return cos, float(diff.max(initial=0.0)), float(diff.mean()) if a.size else 0.0
+
+
+def assert_close(
+    ref: Any, ours: Any, *, cos: float = 0.99999, max_abs: float = 1e-4, name: str = "output"
+) -> tuple[float, float, float]:
+    """Assert cosine >= ``cos`` and max abs error <= ``max_abs``; returns the metrics."""
+    ref_shape, our_shape = tuple(to_numpy(ref).shape), tuple(to_numpy(ours).shape)
+    assert ref_shape == our_shape, f"{name}: shape {our_shape}, reference {ref_shape}"
+    c, m, mean = metrics(ref, ours)
+    assert c >= cos and m <= max_abs, (
+        f"{name}: cosine {c:.8f} (need >= {cos}), max abs {m:.3e} (need <= {max_abs:.1e}), "
+        f"mean abs {mean:.3e}"
+    )
+    return c, m, mean
