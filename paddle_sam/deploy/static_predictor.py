@@ -158,13 +158,15 @@ class StaticSamPredictor(ExportedSamPredictor):
         gpu_memory_mb: int = 1024,
         device_id: int = 0,
         max_points: int = 64,
+        verbose: bool = False,
     ) -> None:
         """Load an export folder.
 
         device: "cpu" or "gpu"; backend: "paddle" or "tensorrt" (GPU only, FP16, dynamic
         point count 1..max_points); onednn: run the prompt decoder with oneDNN on the CPU
         (the image encoder never uses it, see ``ONEDNN_PROGRAMS``); if Paddle refuses, it
-        falls back to its own kernels with a warning.
+        falls back to its own kernels with a warning. verbose: keep Paddle Inference's own
+        log (every optimisation pass it runs); quiet by default.
         """
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -183,6 +185,7 @@ class StaticSamPredictor(ExportedSamPredictor):
             gpu_memory_mb=gpu_memory_mb,
             device_id=device_id,
             max_points=max_points,
+            verbose=verbose,
         )
         self.options = opts
         super().__init__(export_dir, read_manifest(export_dir))
@@ -195,6 +198,8 @@ class StaticSamPredictor(ExportedSamPredictor):
             str(self.export_dir / f"{prog}.json"), str(self.export_dir / f"{prog}.pdiparams")
         )
         cfg.switch_ir_optim(opts["ir_optim"])
+        if not opts["verbose"]:
+            cfg.disable_glog_info()
         if opts["device"] == "cpu":
             cfg.disable_gpu()
             cfg.set_cpu_math_library_num_threads(int(opts["threads"] or cpu_count()))
