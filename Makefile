@@ -16,8 +16,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # test install: the runtime plus torch, segment-anything (reference only), pytest, ruff
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
+$(VENV)/.installed-test: pyproject.toml constraints-test.txt | $(BIN)/python
+	$(BIN)/pip install --quiet -c constraints-test.txt -e '.[test]'
 	touch $@ $(VENV)/.installed
 
 demo: $(VENV)/.installed
