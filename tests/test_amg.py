@@ -415,8 +415,10 @@ def _compare_records(ours: list[dict], ref: list[dict], mode: str) -> float:
     for a, b in zip(ours, ref, strict=True):
         assert set(a) == set(b)
         assert a["crop_box"] == b["crop_box"]
-        assert a["bbox"] == b["bbox"]
-        assert a["area"] == b["area"]
+        # a pixel whose logit sits on the threshold may round either way (GEMM order differs
+        # by CPU): areas within 0.1% (the mask agreement below), boxes within a pixel
+        np.testing.assert_allclose(a["bbox"], b["bbox"], rtol=0, atol=1)
+        assert abs(a["area"] - b["area"]) <= 1 + 1e-3 * b["area"], (a["area"], b["area"])
         np.testing.assert_allclose(a["point_coords"], b["point_coords"], rtol=0, atol=1e-9)
         np.testing.assert_allclose(a["predicted_iou"], b["predicted_iou"], rtol=0, atol=1e-4)
         np.testing.assert_allclose(

@@ -44,7 +44,10 @@ def test_every_module_aligned(pair, hw):
     assert all(f"image_encoder.blocks.{i}" in modules for i in range(depth))
     for case in ["point", "points", "box", "box+neg", "refine"]:
         masks = report.row(f"[{case}] masks")
-        assert masks.agreement == 1.0, f"{case}: {masks}"
+        # identical wherever the reference logit is clear of the threshold (GEMM kernels differ
+        # by CPU, so a pixel within 1e-4 of it may round either way on either side)
+        assert masks.agreement_decided == 1.0, f"{case}: {masks}"
+        assert masks.agreement >= 0.9999, f"{case}: {masks}"
         assert masks.coverage is not None
         assert report.row(f"[{case}] iou_predictions").max_abs < 1e-5
 

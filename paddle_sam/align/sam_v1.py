@@ -16,6 +16,8 @@ import numpy as np
 
 COS_THRESHOLD = 0.99999
 MASK_AGREEMENT = 0.999
+# mask pixels whose reference logit is this close to the threshold may round either way
+MASK_MARGIN = 1e-4
 
 
 @dataclass
@@ -28,6 +30,10 @@ class AlignRow:
     passed: bool
     agreement: float | None = None  # for boolean masks: fraction of equal pixels
     coverage: float | None = None  # for boolean masks: fraction of reference pixels inside
+    # for boolean masks with the reference logits: fraction of equal pixels among those whose
+    # reference logit is at least MASK_MARGIN away from the threshold (1.0: any difference is a
+    # pixel the two float implementations may legitimately round either way)
+    agreement_decided: float | None = None
 
 
 @dataclass
@@ -75,14 +81,25 @@ class AlignReport:
         return "\n".join(lines)
 
 
-def compare(module: str, ref: np.ndarray, ours: np.ndarray) -> AlignRow:
-    """Score one output pair; shapes must match exactly."""
+def compare(
+    module: str,
+    ref: np.ndarray,
+    ours: np.ndarray,
+    ref_logits: np.ndarray | None = None,
+    threshold: float = 0.0,
+) -> AlignRow:
+    """Score one output pair; shapes must match exactly. For boolean masks, ``ref_logits``
+    (the reference's logits behind ``ref``) adds ``agreement_decided``."""
     ref, ours = np.asarray(ref), np.asarray(ours)
     if ref.shape != ours.shape:
         return AlignRow(module, tuple(ours.shape), float("nan"), float("inf"), float("inf"), False)
     if ref.dtype == bool:
         agreement = float((ref == ours).mean()) if ref.size else 1.0
         diff = (ref != ours).astype(np.float64)
+        decided = None
+        if ref_logits is not None:
+            far = np.abs(np.asarray(ref_logits, np.float64) - threshold) >= MASK_MARGIN
+            decided = float((ref == ours)[far].mean()) if far.any() else 1.0
         return AlignRow(
             module,
             ref.shape,
@@ -92,6 +109,7 @@ def compare(module: str, ref: np.ndarray, ours: np.ndarray) -> AlignRow:
             agreement >= MASK_AGREEMENT,
             agreement,
             float(ref.mean()) if ref.size else 0.0,
+            decided,
         )
     a, b = ref.astype(np.float64).ravel(), ours.astype(np.float64).ravel()
     diff = np.abs(a - b)
@@ -246,11 +264,13 @@ def align_sam(
             kt, kp = dict(kwargs), dict(kwargs)
             if kwargs.get("mask_input") == "previous":
                 kt["mask_input"], kp["mask_input"] = prev_t, prev_p
-            with torch.no_grad():
-                mt, st, lt = ref.predict(**kt)
+            with torch.no_grad():  # logits, to tell borderline pixels from real differences
+                logits_t, st, lt = ref.predict(**kt, return_logits=True)
+            threshold = float(torch_sam.mask_threshold)
+            mt = logits_t > threshold
             mp, sp, lp = ours.predict(**kp)
             report.rows += [
-                compare(f"[{case}] masks", mt, mp),
+                compare(f"[{case}] masks", mt, mp, logits_t, threshold),
                 compare(f"[{case}] iou_predictions", st, sp),
                 compare(f"[{case}] low_res_logits", lt, lp),
             ]
