@@ -74,7 +74,9 @@ class ModelService:
     The predictor's state after ``set_image`` is the attributes named by its
     ``session_state_keys`` (default: ``features``, ``original_size``, ``input_size``), which
     a session keeps and restores before each prompt. A predictor with ``takes_text = True``
-    (SAM 3) receives a prompt's text as ``predict(..., text=...)``.
+    (SAM 3) receives a prompt's text as ``predict(..., text=...)``; ``takes_points = False``
+    tells clients it refuses points, and ``returns_instances = True`` that an answer is a set
+    of instances (all shown) rather than candidate masks of one object (one shown).
     """
 
     STATE_KEYS = ("features", "original_size", "input_size")
@@ -90,6 +92,8 @@ class ModelService:
         self._configured = threading.local()
         self.state_keys = tuple(getattr(predictor, "session_state_keys", self.STATE_KEYS))
         self.takes_text = bool(getattr(predictor, "takes_text", False))
+        self.takes_points = bool(getattr(predictor, "takes_points", True))
+        self.returns_instances = bool(getattr(predictor, "returns_instances", False))
         self.model: Sam | None = getattr(predictor, "model", None)
         self.model_type, self.spec = self._describe(model_type)
         self.last_embed_seconds: float | None = None
@@ -104,7 +108,8 @@ class ModelService:
             return model_type or found or "custom", spec.to_dict()
         if manifest is not None:
             return model_type or manifest.get("model_type") or "custom", manifest.get("spec")
-        return model_type or type(self.predictor).__name__, None
+        own = getattr(self.predictor, "model_type", None)
+        return model_type or own or type(self.predictor).__name__, None
 
     @property
     def runtime(self) -> str:
@@ -113,6 +118,14 @@ class ModelService:
     @property
     def supports_everything(self) -> bool:
         return isinstance(self.predictor, SamPredictor)
+
+    @property
+    def everything_refusal(self) -> str:
+        return getattr(
+            self.predictor,
+            "everything_refusal",
+            f"'everything' mode needs the dynamic model; this server runs {self.runtime}",
+        )
 
     def _use_threads(self) -> None:
         if not getattr(self._configured, "done", False):
@@ -375,7 +388,7 @@ def _message(exc: RequestValidationError) -> str:
 
 
 def create_app(
-    model_or_predictor: Sam | PredictorBase,
+    model_or_predictor: Any,
     *,
     model_type: str | None = None,
     memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
@@ -384,13 +397,19 @@ def create_app(
     session_ttl_s: float | None = DEFAULT_SESSION_TTL_S,
     threads: int | None = None,
 ) -> FastAPI:
-    """The service and its web page for a SAM model (wrapped in a SamPredictor) or predictor.
+    """The service and its web page for a SAM model (wrapped in a SamPredictor), a SAM 3
+    image model (wrapped in a ``Sam3ServePredictor``) or a predictor.
 
     ``threads``: CPU threads per model call (default: the calling thread's current setting).
     """
+    from ..models.sam3.sam3_image import Sam3Image
+    from .sam3 import Sam3ServePredictor
+
     if isinstance(model_or_predictor, Sam):
-        predictor: PredictorBase = SamPredictor(model_or_predictor)
-    elif isinstance(model_or_predictor, PredictorBase):
+        predictor: Any = SamPredictor(model_or_predictor)
+    elif isinstance(model_or_predictor, Sam3Image):
+        predictor = Sam3ServePredictor(model_or_predictor)
+    elif isinstance(model_or_predictor, PredictorBase | Sam3ServePredictor):
         predictor = model_or_predictor
     else:
         raise TypeError(
@@ -475,6 +494,8 @@ def create_app(
                 "spec": service.spec,
                 "runtime": service.runtime,
                 "takes_text": service.takes_text,
+                "takes_points": service.takes_points,
+                "returns_instances": service.returns_instances,
                 "everything": service.supports_everything,
             },
             "threads": service.threads,
@@ -636,6 +657,12 @@ def create_app(
             kwargs["box"] = np.asarray(req.box, dtype=np.float64)
         if req.text is not None:
             kwargs["text"] = req.text
+        if req.previous_mask and not getattr(service.predictor, "takes_mask_input", True):
+            raise ApiError(
+                400,
+                "mask_not_supported",
+                getattr(service.predictor, "mask_refusal", "this model cannot refine a mask"),
+            )
         with s.lock:
             if req.previous_mask:
                 last = s.answer
@@ -644,6 +671,10 @@ def create_app(
                         409, "no_previous_mask", "this session has no previous answer to refine"
                     )
                 idx = last.best if req.previous_index is None else req.previous_index
+                if idx is None:
+                    raise ApiError(
+                        409, "no_previous_mask", "the last answer of this session has no mask"
+                    )
                 if not 0 <= idx < len(last.low_res_logits):
                     raise ApiError(
                         400,
@@ -656,10 +687,10 @@ def create_app(
             try:
                 masks, scores, logits = service.predict(s.state, **kwargs)
             except ValueError as exc:
-                raise ApiError(400, "invalid_prompt", str(exc)) from None
+                raise ApiError(400, getattr(exc, "code", "invalid_prompt"), str(exc)) from None
             t_model = time.perf_counter() - t
             pngs = [mask_png(m) for m in masks]
-            best = int(np.argmax(scores))
+            best = int(np.argmax(scores)) if len(scores) else None
             s.answer = Answer(np.asarray(logits, dtype=np.float32), scores, pngs, best)
         out_masks = []
         for i, m in enumerate(masks):
@@ -673,6 +704,7 @@ def create_app(
         return {
             "session_id": s.id,
             "best": best,
+            "instances": service.returns_instances,
             "masks": out_masks,
             "timings_ms": {
                 "model": round(t_model * 1e3, 2),
@@ -710,11 +742,7 @@ def create_app(
     def everything(session_id: str, req: EverythingRequest) -> dict:
         s = store.get(session_id)
         if not service.supports_everything:
-            raise ApiError(
-                400,
-                "not_supported",
-                f"'everything' mode needs the dynamic model; this server runs {service.runtime}",
-            )
+            raise ApiError(400, "not_supported", service.everything_refusal)
         from ..predict.amg_utils import generate_crop_boxes
 
         job = EverythingJob(store.new_id(), total=0)

@@ -74,6 +74,23 @@ def add_parser(sub, model_args: Callable[[argparse.ArgumentParser], None]) -> No
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     model_args(s)
+    # SAM 3 joins the model types here (segment, everything and export are SAM v1 only)
+    for action in s._actions:
+        if action.dest == "model_type" and action.choices is not None:
+            action.choices = [*action.choices, "sam3"]
+            action.help = "sam3: SAM 3 (text and box prompts); default: from the checkpoint"
+    s.add_argument(
+        "--bpe",
+        default=None,
+        metavar="PATH",
+        help="SAM 3 only: the text tokenizer's BPE vocabulary (default: the bundled one)",
+    )
+    s.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=0.5,
+        help="SAM 3 only: keep instances scoring above this (default: %(default)s)",
+    )
     s.set_defaults(func=cmd_serve)
 
 
@@ -107,7 +124,22 @@ def cmd_serve(args) -> int:
             "authentication; anyone who can reach this address can use it",
             file=sys.stderr,
         )
-    if args.exported is not None:
+    sam3 = args.model_type == "sam3"
+    if not sam3 and (args.bpe is not None or args.confidence_threshold != 0.5):
+        raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
+    if sam3:
+        from .sam3 import load_sam3_predictor
+
+        if args.exported is not None:
+            raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
+        if args.checkpoint is None:
+            raise ValueError("--model-type sam3 needs --checkpoint (sam3.pt or a .pdparams)")
+        if not 0.0 <= args.confidence_threshold < 1.0:
+            raise ValueError(
+                f"--confidence-threshold must be in [0, 1), got {args.confidence_threshold}"
+            )
+        model = load_sam3_predictor(args.checkpoint, args.bpe, args.confidence_threshold)
+    elif args.exported is not None:
         from ..deploy import StaticSamPredictor
 
         if args.checkpoint is not None:

@@ -43,7 +43,7 @@ class Answer:
     low_res_logits: np.ndarray  # C x h x w float32
     scores: np.ndarray  # C
     pngs: list[bytes]
-    best: int
+    best: int | None  # None: no masks (a text prompt that found nothing)
 
     @property
     def nbytes(self) -> int:

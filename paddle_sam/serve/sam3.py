@@ -1,0 +1,181 @@
+"""SAM 3 behind the service: text and exemplar-box prompts through ``Sam3Processor``.
+
+``Sam3ServePredictor`` gives a SAM 3 image model the interface ``ModelService`` drives:
+``set_image`` runs the backbone once and leaves the features in ``image_state`` (the session
+state, ``session_state_keys``); ``predict`` answers one request on a private copy of that state
+with every prompt reset first, so no prompt survives a request or crosses sessions.
+
+What a request does:
+
+- ``text`` alone: every instance of the phrase scoring above the confidence threshold;
+- ``text`` and ``box``: the same, with the box as a positive exemplar of what is meant;
+- ``box`` alone: SAM 3's exemplar search (the text encoder is prompted with "visual", as
+  upstream does): every instance that looks like the boxed one, not only the boxed object;
+- points, ``mask_input`` (previous mask): refused (``PromptNotSupported``), since they need
+  SAM 3's interactive (SAM 2 style) predictor, ``predict_inst``, which is not ported.
+
+The answer is ``(masks K x H x W bool, scores K, low_res_logits K x h x w)``, instances best
+first; ``K`` may be 0. ``multimask_output`` has no meaning here and is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from ..predict.sam3_processor import Sam3Processor
+
+
+class PromptNotSupported(ValueError):
+    """A prompt this model cannot answer; ``code`` is the service's error code."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+
+
+POINTS_REFUSED = (
+    "SAM 3 here takes text and boxes only: point prompts need SAM 3's interactive predictor "
+    "(predict_inst, SAM 2 style), which paddle-sam has not ported yet; describe the object "
+    "with text or draw a box around one example"
+)
+MASK_REFUSED = (
+    "SAM 3 here cannot refine a previous mask: that needs SAM 3's interactive predictor "
+    "(predict_inst), which paddle-sam has not ported yet"
+)
+
+
+class _Capture:
+    """The model as ``Sam3Processor`` sees it, keeping the raw output of the last grounding
+    (its low-resolution mask logits are the answer's ``low_res_logits``)."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.last: dict[str, Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def forward_grounding(self, **kwargs) -> dict[str, Any]:
+        self.last = self._model.forward_grounding(**kwargs)
+        return self.last
+
+
+class Sam3ServePredictor:
+    """A SAM 3 image model (``Sam3Image``) as the service's predictor: text and box prompts."""
+
+    takes_text = True
+    takes_points = False
+    takes_mask_input = False
+    mask_refusal = MASK_REFUSED
+    returns_instances = True  # an answer is a set of instances, not 1-of-3 candidates
+    model_type = "sam3"
+    session_state_keys = ("image_state",)
+    everything_refusal = (
+        "'everything' mode is not supported for SAM 3; ask for a concept with a text prompt "
+        "(every instance above the threshold comes back)"
+    )
+
+    def __init__(
+        self,
+        model: Any,
+        confidence_threshold: float = 0.5,
+        resolution: int | None = None,
+    ) -> None:
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        self.model = model
+        self._capture = _Capture(model)
+        if resolution is None:  # the trunk's input size (1008 for the released model)
+            resolution = int(getattr(model.backbone.vision_backbone.trunk, "img_size", 1008))
+        self.processor = Sam3Processor(
+            self._capture, resolution=resolution, confidence_threshold=confidence_threshold
+        )
+        self.image_state: dict[str, Any] | None = None
+        self.is_image_set = False
+
+    @property
+    def confidence_threshold(self) -> float:
+        return self.processor.confidence_threshold
+
+    def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+        """Run the backbone on an ``H x W x 3`` uint8 image; the features become the state."""
+        if image_format not in ("RGB", "BGR"):
+            raise ValueError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
+        if image_format == "BGR":
+            image = np.ascontiguousarray(image[..., ::-1])
+        self.image_state = self.processor.set_image(image)
+        self.is_image_set = True
+
+    def _private_state(self) -> dict[str, Any]:
+        """A copy of the image state that this request's prompts may change freely."""
+        if self.image_state is None:
+            raise RuntimeError("call set_image before predict")
+        state = dict(self.image_state)
+        state["backbone_out"] = dict(self.image_state["backbone_out"])
+        self.processor.reset_all_prompts(state)
+        return state
+
+    @paddle.no_grad()
+    def predict(
+        self,
+        point_coords: np.ndarray | None = None,
+        point_labels: np.ndarray | None = None,
+        box: np.ndarray | None = None,
+        mask_input: np.ndarray | None = None,
+        multimask_output: bool = True,
+        text: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Instances for ``text`` and/or an exemplar ``box`` (x0, y0, x1, y1 pixels)."""
+        if point_coords is not None and len(point_coords):
+            raise PromptNotSupported("points_not_supported", POINTS_REFUSED)
+        if mask_input is not None:
+            raise PromptNotSupported("mask_not_supported", MASK_REFUSED)
+        if text is not None and not text.strip():
+            text = None
+        if text is None and box is None:
+            raise ValueError("SAM 3 needs a text prompt, a box, or both")
+        state = self._private_state()
+        h, w = state["original_height"], state["original_width"]
+        self._capture.last = None
+        if text is not None:
+            state = self.processor.set_text_prompt(text, state)
+        if box is not None:
+            x0, y0, x1, y1 = (float(v) for v in np.asarray(box, dtype=np.float64).reshape(4))
+            if not (x1 > x0 and y1 > y0):
+                raise ValueError(f"box must have x1 > x0 and y1 > y0, got {[x0, y0, x1, y1]}")
+            cxcywh = [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h]
+            state = self.processor.add_geometric_prompt(cxcywh, True, state)
+        return self._answer(state)
+
+    def _answer(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        masks = state["masks"].numpy()[:, 0]  # K x H x W
+        scores = state["scores"].numpy().astype(np.float32)
+        out = self._capture.last
+        # the kept queries, in the processor's order (ascending query index)
+        probs = F.sigmoid(out["pred_logits"]) * F.sigmoid(out["presence_logit_dec"]).unsqueeze(1)
+        keep = np.nonzero(probs.squeeze(-1).numpy()[0] > self.processor.confidence_threshold)[0]
+        low_res = out["pred_masks"].numpy()[0][keep].astype(np.float32)  # K x h x w logits
+        if len(keep) != len(scores):
+            raise RuntimeError("SAM 3 answer: kept queries disagree with the processor's")
+        order = np.argsort(-scores, kind="stable")  # best first
+        return masks[order], scores[order], low_res[order]
+
+
+def load_sam3_predictor(
+    checkpoint: str | os.PathLike,
+    bpe_path: str | os.PathLike | None = None,
+    confidence_threshold: float = 0.5,
+) -> Sam3ServePredictor:
+    """The released SAM 3 image model from ``sam3.pt`` or a converted ``.pdparams``."""
+    from ..models.sam3.build_sam3 import build_sam3_image_model
+
+    model = build_sam3_image_model(bpe_path=bpe_path, checkpoint_path=checkpoint)
+    return Sam3ServePredictor(model, confidence_threshold=confidence_threshold)
+
+
+__all__ = ["PromptNotSupported", "Sam3ServePredictor", "load_sam3_predictor"]
