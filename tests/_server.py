@@ -55,3 +55,58 @@ class ThreadedServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
+
+
+def tiny_sam3_model(seed: int = 0):
+    """A SAM 3 image model at the tiny test sizes (tests/test_sam3_model.py), random weights,
+    with the bundled BPE vocabulary."""
+    import warnings
+
+    from paddle_sam.models.sam3.build_sam3 import Sam3Spec, build_sam3_image_model
+    from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+
+    spec = Sam3Spec(
+        img_size=112,
+        pretrain_img_size=56,
+        vit_embed_dim=32,
+        vit_depth=2,
+        vit_num_heads=2,
+        window_size=4,
+        global_att_blocks=(1,),
+        text_width=32,
+        text_heads=2,
+        text_layers=2,
+        d_model=32,
+        num_heads=4,
+        dim_feedforward=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        num_queries=12,
+        geometry_layers=1,
+    )
+    paddle.seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the weights are random": on purpose
+        return build_sam3_image_model(bpe_path=DEFAULT_BPE_PATH, spec=spec)
+
+
+def sam3_reference(model, image, text=None, box_cxcywh=None, threshold=0.0):
+    """``Sam3Processor`` directly: (masks K x H x W, scores K), best first."""
+    from paddle_sam.predict.sam3_processor import Sam3Processor
+
+    proc = Sam3Processor(model, resolution=112, confidence_threshold=threshold)
+    state = proc.set_image(image)
+    if text is not None:
+        state = proc.set_text_prompt(text, state)
+    if box_cxcywh is not None:
+        state = proc.add_geometric_prompt(box_cxcywh, True, state)
+    scores = state["scores"].numpy()
+    order = np.argsort(-scores, kind="stable")
+    return state["masks"].numpy()[:, 0][order], scores[order]
+
+
+def sam3_threshold(model, image, text=None, box_cxcywh=None, keep: int = 3) -> float:
+    """A confidence threshold that keeps ``keep`` instances of this prompt (random weights
+    score every query alike, so a fixed threshold would keep all or none)."""
+    _, scores = sam3_reference(model, image, text, box_cxcywh)
+    return float((scores[keep - 1] + scores[keep]) / 2)

@@ -1,0 +1,163 @@
+"""SAM 3 behind the service: text and exemplar-box prompts give Sam3Processor's answers;
+points, previous masks and "everything" are refused with their reason; sessions stay apart."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+from _pairs import image as make_image
+from _server import decode_mask_png, png_bytes, sam3_reference, sam3_threshold, tiny_sam3_model
+from fastapi.testclient import TestClient
+
+from paddle_sam.serve import create_app
+from paddle_sam.serve.sam3 import Sam3ServePredictor
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_sam3_model()
+
+
+@pytest.fixture(scope="module")
+def images():
+    return {"a": make_image(90, 130, seed=3), "b": make_image(120, 100, seed=4)}
+
+
+def client_for(model, threshold: float) -> TestClient:
+    return TestClient(create_app(Sam3ServePredictor(model, confidence_threshold=threshold)))
+
+
+def upload(c, image) -> str:
+    r = c.post("/sessions", files={"image": ("x.png", png_bytes(image), "image/png")})
+    assert r.status_code == 201, r.text
+    return r.json()["session_id"]
+
+
+def assert_answer(r, masks: np.ndarray, scores: np.ndarray) -> None:
+    """The API's answer is the processor's: same instances, same order, same pixels."""
+    from pycocotools import mask as mask_utils
+
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["instances"] is True
+    got = body["masks"]
+    assert len(got) == len(scores)
+    assert body["best"] == (0 if len(scores) else None)
+    np.testing.assert_allclose([m["score"] for m in got], scores, rtol=1e-6)
+    for m, want in zip(got, masks, strict=True):
+        np.testing.assert_array_equal(decode_mask_png(base64.b64decode(m["png"])), want)
+        rle = {"size": m["rle"]["size"], "counts": m["rle"]["counts"].encode()}
+        np.testing.assert_array_equal(mask_utils.decode(rle).astype(bool), want)
+        assert m["area"] == int(want.sum())
+
+
+def assert_error(r, status: int, code: str, *words: str) -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["error"] == code, body
+    for w in words:
+        assert w in body["detail"], body
+
+
+def cxcywh(box, image) -> list[float]:
+    h, w = image.shape[:2]
+    x0, y0, x1, y1 = box
+    return [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h]
+
+
+def test_health_reports_sam3(model):
+    with client_for(model, 0.5) as c:
+        m = c.get("/health").json()["model"]
+    assert m["type"] == "sam3"
+    assert m["takes_text"] is True and m["takes_points"] is False
+    assert m["returns_instances"] is True and m["everything"] is False
+
+
+def test_text_prompt_matches_processor(model, images):
+    img = images["a"]
+    thr = sam3_threshold(model, img, "a dog")
+    masks, scores = sam3_reference(model, img, "a dog", threshold=thr)
+    assert len(scores) == 3 and (np.diff(scores) <= 0).all()
+    with client_for(model, thr) as c:
+        sid = upload(c, img)
+        assert_answer(c.post(f"/sessions/{sid}/prompt", json={"text": "a dog"}), masks, scores)
+        # the masks download by index, best first
+        png = c.get(f"/sessions/{sid}/masks/0.png")
+        np.testing.assert_array_equal(decode_mask_png(png.content), masks[0])
+
+
+def test_text_and_box_and_box_alone(model, images):
+    img, box = images["a"], [20.0, 15.0, 70.0, 60.0]
+    ex = cxcywh(box, img)
+    thr = sam3_threshold(model, img, "a cat", ex)
+    masks, scores = sam3_reference(model, img, "a cat", ex, threshold=thr)
+    assert len(scores) == 3
+    with client_for(model, thr) as c:
+        sid = upload(c, img)
+        r = c.post(f"/sessions/{sid}/prompt", json={"text": "a cat", "box": box})
+        assert_answer(r, masks, scores)
+        # a box alone: an exemplar, every matching instance ("visual" as the text)
+        masks, scores = sam3_reference(model, img, None, ex, threshold=thr)
+        assert_answer(c.post(f"/sessions/{sid}/prompt", json={"box": box}), masks, scores)
+
+
+def test_nothing_found_is_an_empty_answer(model, images):
+    with client_for(model, 0.99) as c:
+        sid = upload(c, images["a"])
+        r = c.post(f"/sessions/{sid}/prompt", json={"text": "a dog"})
+        assert r.status_code == 200, r.text
+        assert r.json()["masks"] == [] and r.json()["best"] is None
+        assert_error(c.get(f"/sessions/{sid}/masks/0.png"), 404, "no_such_mask")
+
+
+def test_refused_prompts_name_the_reason(model, images):
+    with client_for(model, 0.5) as c:
+        sid = upload(c, images["a"])
+        for body in ({"points": [[5, 5]]}, {"points": [[5, 5]], "text": "a dog"}):
+            r = c.post(f"/sessions/{sid}/prompt", json=body)
+            assert_error(r, 400, "points_not_supported", "predict_inst", "text", "box")
+        r = c.post(f"/sessions/{sid}/prompt", json={"text": "a dog", "previous_mask": True})
+        assert_error(r, 400, "mask_not_supported", "predict_inst")
+        r = c.post(f"/sessions/{sid}/everything", json={})
+        assert_error(r, 400, "not_supported", "not supported for SAM 3")
+        r = c.post(f"/sessions/{sid}/prompt", json={"box": [50, 50, 40, 60]})
+        assert_error(r, 400, "invalid_prompt", "x1 > x0")
+        # and the session still answers
+        assert c.post(f"/sessions/{sid}/prompt", json={"text": "a dog"}).status_code == 200
+
+
+def test_sessions_and_prompts_do_not_mix(model, images):
+    """Two sessions, prompts interleaved: each answer is the processor's on that image alone,
+    and a box given once does not linger into the next text-only request."""
+    a, b, box = images["a"], images["b"], [10.0, 10.0, 60.0, 50.0]
+    thr = sam3_threshold(model, a, "a dog")
+    with client_for(model, thr) as c:
+        sa, sb = upload(c, a), upload(c, b)
+        for sid, img, text, bx in [
+            (sa, a, "a dog", box),
+            (sb, b, "a dog", None),
+            (sa, a, "a dog", None),
+            (sb, b, "a bird", box),
+            (sa, a, "a bird", None),
+            (sb, b, "a dog", None),
+        ]:
+            body = {"text": text} if bx is None else {"text": text, "box": bx}
+            want = sam3_reference(
+                model, img, text, None if bx is None else cxcywh(bx, img), threshold=thr
+            )
+            assert_answer(c.post(f"/sessions/{sid}/prompt", json=body), *want)
+
+
+def test_serve_command_line_for_sam3(capsys):
+    from paddle_sam.cli import build_parser, main
+
+    args = build_parser().parse_args(
+        ["serve", "--model-type", "sam3", "--checkpoint", "x.pt", "--confidence-threshold", "0.3"]
+    )
+    assert args.model_type == "sam3" and args.confidence_threshold == 0.3 and args.bpe is None
+    assert main(["serve", "--model-type", "sam3", "--port", "0"]) != 0
+    assert "--model-type sam3 needs --checkpoint" in capsys.readouterr().err
+    assert main(["serve", "--bpe", "vocab.txt.gz", "--port", "0", "--checkpoint", "x"]) != 0
+    assert "apply to --model-type sam3 only" in capsys.readouterr().err
