@@ -317,3 +317,79 @@ def test_text_box_for_a_model_that_takes_text(browser_page, tmp_path):
         wait_version(page, 1)
     assert seen == ["a red disc"]
     assert errors == []
+
+
+def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
+    """SAM 3: typed text shows every instance found, their union equal to the API's; a click
+    is refused on the page (no points), a dragged box joins the text as an exemplar."""
+    from _server import sam3_threshold, tiny_sam3_model
+
+    from paddle_sam.serve.sam3 import Sam3ServePredictor
+
+    page, errors = browser_page
+    img = make_image(300, 400, seed=8)
+    path = tmp_path / "photo.png"
+    path.write_bytes(png_bytes(img))
+    model = tiny_sam3_model(seed=1)
+    thr = sam3_threshold(model, img, "a red disc", keep=3)
+
+    def api_union(url, sid, body) -> tuple[np.ndarray, list[float]]:
+        r = httpx.post(f"{url}/sessions/{sid}/prompt", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        masks = [decode_mask_png(base64.b64decode(m["png"])) for m in r.json()["masks"]]
+        return np.logical_or.reduce(masks), [m["score"] for m in r.json()["masks"]]
+
+    app = create_app(Sam3ServePredictor(model, confidence_threshold=thr))
+    with ThreadedServer(app) as server:
+        page.goto(server.url + "/")
+        page.wait_for_function(
+            "document.getElementById('model-info').textContent.startsWith('model sam3')"
+        )
+        assert page.locator("#text-form").is_visible()
+        assert page.locator("#multimask-label").is_hidden()
+        assert page.locator("#negative-label").is_hidden()
+        page.set_input_files("#file-input", str(path))
+        page.wait_for_function(
+            "document.getElementById('status').textContent.startsWith('Ready')", timeout=60_000
+        )
+        sid = page.locator("#stage").get_attribute("data-session")
+
+        page.fill("#text-input", "a red disc")
+        page.press("#text-input", "Enter")
+        wait_version(page, 1)
+        shown, d = overlay_mask(page)
+        union, scores = api_union(server.url, sid, {"text": "a red disc"})
+        assert len(scores) == 3 and 0 < union.sum() and d["area"] == int(union.sum())
+        np.testing.assert_array_equal(shown, union)
+        chips = page.locator("#mask-choices .instance").all_inner_texts()
+        assert chips == [f"#{k + 1}: {s:.3f}" for k, s in enumerate(scores)]
+        assert page.locator("#status").inner_text().startswith("3 instances")
+        # the download is the union
+        href = page.locator("#download-link").get_attribute("href")
+        got = decode_mask_png(base64.b64decode(href.split(",", 1)[1]))
+        np.testing.assert_array_equal(got, union)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "e2e_browser_sam3.png"))
+
+        # a click: refused on the page, nothing sent, the overlay stays
+        click_at(page, 0.5, 0.5)
+        page.wait_for_function(
+            "document.getElementById('status').textContent.includes('takes no points')"
+        )
+        assert (
+            page.evaluate("JSON.parse(document.getElementById('prompt-canvas').dataset.points)")
+            == []
+        )
+        np.testing.assert_array_equal(overlay_mask(page)[0], union)
+
+        # drag a box: text + exemplar box
+        b = page.locator("#prompt-canvas").bounding_box()
+        page.mouse.move(b["x"] + 0.2 * b["width"], b["y"] + 0.2 * b["height"])
+        page.mouse.down()
+        page.mouse.move(b["x"] + 0.5 * b["width"], b["y"] + 0.6 * b["height"], steps=5)
+        page.mouse.up()
+        wait_version(page, 2)
+        box = page.evaluate("JSON.parse(document.getElementById('prompt-canvas').dataset.box)")
+        union, _ = api_union(server.url, sid, {"text": "a red disc", "box": box})
+        np.testing.assert_array_equal(overlay_mask(page)[0], union)
+    assert errors == []

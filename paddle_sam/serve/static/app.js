@@ -60,6 +60,12 @@ async function loadHealth() {
       `model ${m.type} (${m.runtime}), ${state.health.threads ?? "?"} threads`;
     $("text-form").hidden = !m.takes_text;
     $("everything-button").hidden = !m.everything;
+    // SAM 3: no points, and an answer is every instance found (no 1-of-3 choice)
+    $("negative-label").hidden = m.takes_points === false;
+    $("multimask-label").hidden = !!m.returns_instances;
+    if (m.takes_points === false) {
+      $("drop-hint-keys").textContent = "Type what to find, or drag a box around one example";
+    }
   } catch (e) {
     $("model-info").textContent = "server unreachable";
   }
@@ -205,6 +211,8 @@ function snapshot() {
 function resetPrompts(redraw = true) {
   state.points = [];
   state.box = null;
+  state.text = "";
+  $("text-input").value = "";
   state.history = [];
   state.answer = null;
   if (redraw) {
@@ -215,11 +223,11 @@ function resetPrompts(redraw = true) {
 }
 
 function updateButtons() {
-  const any = state.points.length > 0 || state.box !== null;
+  const any = state.points.length > 0 || state.box !== null || state.text !== "";
   $("undo-button").disabled = state.history.length === 0;
   $("reset-button").disabled = !any;
   const link = $("download-link");
-  link.classList.toggle("disabled", !state.answer);
+  link.classList.toggle("disabled", !state.answer || state.answer.masks.length === 0);
 }
 
 function hasPrompt() {
@@ -305,10 +313,18 @@ async function sendPrompt() {
       const answer = await r.json();
       state.answer = answer;
       state.chosen = answer.best;
-      await showMask();
-      showChoices();
-      setStatus(`${answer.timings_ms.total.toFixed(0)} ms per click (model ` +
-        `${answer.timings_ms.model.toFixed(0)} ms)`);
+      const timing = `${answer.timings_ms.total.toFixed(0)} ms (model ` +
+        `${answer.timings_ms.model.toFixed(0)} ms)`;
+      if (answer.instances) {
+        await showInstances();
+        const n = answer.masks.length;
+        setStatus(n ? `${n} instance${n === 1 ? "" : "s"} in ${timing}`
+          : `Nothing found above the confidence threshold (${timing})`);
+      } else {
+        await showMask();
+        showChoices();
+        setStatus(`${timing.replace(" (", " per click (")}`);
+      }
     }
   } catch (e) {
     setStatus(`request failed: ${e.message}`, true);
@@ -377,6 +393,65 @@ async function showMask() {
   const link = $("download-link");
   link.href = `data:image/png;base64,${m.png}`;
   link.download = `mask_${state.chosen}.png`;
+}
+
+function instanceColor(k) {
+  return [(k * 97) % 200 + 55, (k * 53) % 200 + 55, (k * 31) % 200 + 55, 140];
+}
+
+async function showInstances() {
+  // every instance in its own colour (later ones under earlier, better ones); the union of
+  // them is what the download gives
+  const masks = state.answer.masks;
+  const c = $("overlay-canvas");
+  const ctx = c.getContext("2d");
+  const out = ctx.createImageData(c.width, c.height);
+  const tmp = document.createElement("canvas");
+  tmp.width = c.width;
+  tmp.height = c.height;
+  const tctx = tmp.getContext("2d");
+  const union = new Uint8Array(c.width * c.height);
+  for (let k = masks.length - 1; k >= 0; k--) {
+    const img = await decodePng(masks[k].png);
+    tctx.clearRect(0, 0, c.width, c.height);
+    tctx.drawImage(img, 0, 0);
+    const px = tctx.getImageData(0, 0, c.width, c.height).data;
+    const color = instanceColor(k);
+    for (let i = 0, n = c.width * c.height; i < n; i++) {
+      if (px[4 * i] > 127) {
+        out.data.set(color, 4 * i);
+        union[i] = 1;
+      }
+    }
+  }
+  ctx.putImageData(out, 0, 0);
+  let area = 0;
+  const png = tctx.createImageData(c.width, c.height);
+  for (let i = 0; i < union.length; i++) {
+    const v = union[i] ? 255 : 0;
+    area += union[i];
+    png.data.set([v, v, v, 255], 4 * i);
+  }
+  tctx.putImageData(png, 0, 0);
+  c.dataset.score = masks.length ? masks[0].score.toFixed(4) : "";
+  c.dataset.area = String(area);
+  c.dataset.count = String(masks.length);
+  c.dataset.index = "";
+  c.dataset.version = String(Number(c.dataset.version || 0) + 1);
+  $("score").textContent = masks.length ? `${masks.length} found · ${area} px` : "";
+  const box = $("mask-choices");
+  box.textContent = "";
+  masks.forEach((m, k) => {
+    const chip = document.createElement("span");
+    chip.className = "instance";
+    const [r, g, b] = instanceColor(k);
+    chip.style.borderColor = `rgb(${r}, ${g}, ${b})`;
+    chip.textContent = `#${k + 1}: ${m.score.toFixed(3)}`;
+    box.appendChild(chip);
+  });
+  const link = $("download-link");
+  link.href = tmp.toDataURL("image/png");
+  link.download = "instances.png";
 }
 
 function showChoices() {
@@ -513,6 +588,11 @@ function bindCanvas() {
         Math.min(start.x, p.x), Math.min(start.y, p.y),
         Math.max(start.x, p.x), Math.max(start.y, p.y),
       ];
+    } else if (!drag && state.health && state.health.model.takes_points === false) {
+      state.history.pop();
+      setStatus("This model takes no points (SAM 3's point predictor is not ported): type " +
+        "what to find, or drag a box around one example.", true);
+      return;
     } else if (!drag) {
       const negative = button === 2 || $("negative-toggle").checked;
       state.points.push({ x: start.x, y: start.y, label: negative ? 0 : 1 });
@@ -547,7 +627,7 @@ function bindControls() {
   });
   $("everything-button").addEventListener("click", () => everything());
   $("download-link").addEventListener("click", (e) => {
-    if (!state.answer) e.preventDefault();
+    if (!state.answer || state.answer.masks.length === 0) e.preventDefault();
   });
   const zone = $("drop-zone");
   for (const ev of ["dragenter", "dragover"]) {
