@@ -396,7 +396,8 @@ async function showMask() {
 }
 
 function instanceColor(k) {
-  return [(k * 97) % 200 + 55, (k * 53) % 200 + 55, (k * 31) % 200 + 55, 140];
+  const j = k + 1;  // the best instance in a colour, not grey
+  return [(j * 97) % 200 + 55, (j * 53) % 200 + 55, (j * 31) % 200 + 55, 140];
 }
 
 async function showInstances() {
