@@ -44,7 +44,7 @@ def _launch(args) -> int:
     from .config import load_config
 
     cfg = load_config(args.config, args.set)  # fail fast, before starting processes
-    entry = Path(__file__).resolve().parents[1] / "__main__.py"
+    entry = Path(__file__).resolve().parent / "launch_entry.py"
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.nproc)
     cmd = [
         sys.executable,

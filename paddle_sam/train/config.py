@@ -60,6 +60,9 @@ class LossConfig:
     focal_weight: float = 20.0
     dice_weight: float = 1.0
     iou_weight: float = 1.0
+    # loss resolution: the low-res logits (4 x the embedding grid) upsampled by this factor;
+    # 4 = the encoder input size (as SAM), 2 is 4x cheaper
+    logit_upsample: int = 4
 
 
 @dataclass
@@ -261,6 +264,8 @@ def validate(cfg: Config, where: str) -> None:
     for key, v in positive.items():
         if v <= 0:
             bad(key, v, "must be > 0")
+    if cfg.loss.logit_upsample not in (1, 2, 4):
+        bad("loss.logit_upsample", cfg.loss.logit_upsample, "choose from 1, 2, 4")
     if cfg.optim.decay not in ("cosine", "linear", "none"):
         bad("optim.decay", cfg.optim.decay, "choose from cosine, linear, none")
     if not 0 <= cfg.prompts.box_fraction <= 1:

@@ -25,7 +25,8 @@ def focal_loss(
     p = F.sigmoid(logits)
     ce = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
     p_t = p * target + (1 - p) * (1 - target)
-    loss = ce * (1 - p_t) ** gamma
+    q = 1 - p_t
+    loss = ce * (q * q if gamma == 2.0 else q**gamma)
     if alpha >= 0:
         loss = loss * (alpha * target + (1 - alpha) * (1 - target))
     return _sum_hw(loss * valid) / _sum_hw(valid).clip(min=1.0)

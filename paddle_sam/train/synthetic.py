@@ -298,3 +298,64 @@ def write_dataset(
     if fmt == "coco":
         (out / "annotations.json").write_text(json.dumps(coco) + "\n")
     return out
+
+
+EXAMPLE_OBJECTS = (
+    # (kind, centre x, centre y, size px, colour) on a 640 x 480 canvas, back to front
+    ("rectangle", 175, 300, 190, (52, 101, 164)),
+    ("triangle", 470, 300, 170, (78, 154, 6)),
+    ("disc", 520, 110, 120, (204, 0, 0)),
+    ("star", 300, 160, 160, (237, 212, 0)),
+    ("ring", 110, 120, 130, (117, 80, 123)),
+    ("ellipse", 380, 410, 150, (245, 121, 0)),
+)
+
+
+def example_scene(seed: int = 2024) -> Scene:
+    """The bundled example image: six everyday shapes at fixed places (640 x 480), each a
+    flat colour with a little texture, on a soft gradient; some overlap."""
+    rng = np.random.default_rng(seed)
+    w, h = 640, 480
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    top, bottom = np.array([170, 200, 225], np.float32), np.array([225, 215, 190], np.float32)
+    t = (yy / (h - 1))[..., None]
+    canvas = top * (1 - t) + bottom * t + (_smooth_noise(rng, h, w, 8)[..., None] - 0.5) * 30
+    masks: list[np.ndarray] = []
+    kinds: list[str] = []
+    for kind, cx, cy, size, colour in EXAMPLE_OBJECTS:
+        r = size / 2
+        if kind == "rectangle":
+            pts = np.array(
+                [
+                    [cx - r, cy - r * 0.6],
+                    [cx + r, cy - r * 0.6],
+                    [cx + r, cy + r * 0.6],
+                    [cx - r, cy + r * 0.6],
+                ]
+            )
+            m = _polygon_mask((w, h), pts)
+        elif kind == "triangle":
+            pts = np.array(
+                [[cx, cy - r], [cx + r * 0.9, cy + r * 0.7], [cx - r * 0.9, cy + r * 0.7]]
+            )
+            m = _polygon_mask((w, h), pts)
+        elif kind == "disc":
+            m = _polygon_mask((w, h), _ellipse_pts(cx, cy, r, r, 0.0))
+        elif kind == "star":
+            a = -math.pi / 2 + np.linspace(0, 2 * math.pi, 10, endpoint=False)
+            rr = np.where(np.arange(10) % 2 == 0, r, r * 0.45)
+            m = _polygon_mask((w, h), np.stack([cx + rr * np.cos(a), cy + rr * np.sin(a)], 1))
+        elif kind == "ring":
+            m = _polygon_mask((w, h), _ellipse_pts(cx, cy, r, r, 0.0)) & ~_polygon_mask(
+                (w, h), _ellipse_pts(cx, cy, r * 0.55, r * 0.55, 0.0)
+            )
+        else:
+            m = _polygon_mask((w, h), _ellipse_pts(cx, cy, r, r * 0.5, 0.2))
+        shade = 1 + (_smooth_noise(rng, h, w, 12)[..., None] - 0.5) * 0.25
+        fill = np.array(colour, np.float32) * shade
+        canvas = np.where(m[..., None], fill, canvas)
+        masks = [old & ~m for old in masks]
+        masks.append(m)
+        kinds.append(kind)
+    canvas = canvas + rng.normal(0, 2.0, canvas.shape)
+    return Scene(np.clip(canvas, 0, 255).astype(np.uint8), masks, kinds)

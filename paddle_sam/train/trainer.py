@@ -57,6 +57,7 @@ RUN_FILES = (
     "model.pdparams",
     "model.pdparams.json",
     "eval.json",
+    "ranks.json",
 )
 
 
@@ -107,13 +108,30 @@ def _take(x: paddle.Tensor, idx: paddle.Tensor) -> paddle.Tensor:
     )
 
 
+def _pool(masks: np.ndarray, f: int) -> np.ndarray:
+    """K x S x S bool -> K x S/f x S/f bool (majority of each f x f cell)."""
+    if f == 1:
+        return masks
+    k, s, _ = masks.shape
+    return masks.reshape(k, s // f, f, s // f, f).mean(axis=(2, 4)) >= 0.5
+
+
 def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
-    """Loss of one image's prompts over every round; returns (loss, stats)."""
+    """Loss of one image's prompts over every round; returns (loss, stats).
+
+    The loss is taken at ``res`` = low-res size x ``loss.logit_upsample`` against the ground
+    truth pooled to that size; correction clicks are drawn there and mapped to the input frame.
+    """
     size = sam.image_encoder.img_size
+    res = min(size, 4 * sam.prompt_encoder.image_embedding_size[0] * cfg.loss.logit_upsample)
+    if size % res:
+        res = size
+    f = size // res
     pc = cfg.prompts
     k = sample.gt.shape[0]
     is_box = rng.random(k) < pc.box_fraction
-    valid = paddle.to_tensor(sample.valid.astype(np.float32))[None, None]
+    valid_np = _pool(sample.valid[None], f)[0]
+    valid = paddle.to_tensor(valid_np.astype(np.float32))[None, None]
     total = paddle.zeros([])
     stats = {"focal": 0.0, "dice": 0.0, "iou_mse": 0.0, "iou_first": 0.0, "iou_last": 0.0}
     rounds = pc.correction_rounds + 1
@@ -121,7 +139,8 @@ def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
         idx = np.nonzero(is_box == use_box)[0]
         if len(idx) == 0:
             continue
-        gt = sample.gt[idx]
+        gt_full = sample.gt[idx]
+        gt = _pool(gt_full, f)
         gt_t = paddle.to_tensor(gt.astype(np.float32))[:, None]
         weight = len(idx) / k / rounds
         coords = np.zeros((len(idx), 0, 2), np.float32)
@@ -129,11 +148,11 @@ def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
         boxes = None
         if use_box:
             boxes = paddle.to_tensor(
-                np.stack([noisy_box(g, rng, pc.box_noise, pc.box_max_noise) for g in gt]),
+                np.stack([noisy_box(g, rng, pc.box_noise, pc.box_max_noise) for g in gt_full]),
                 dtype="float32",
             )
         else:
-            coords = np.array([[random_point(g, rng)] for g in gt], np.float32)
+            coords = np.array([[random_point(g, rng)] for g in gt_full], np.float32)
             labels = np.ones((len(idx), 1), np.float32)
         mask_input = None
         for r in range(rounds):
@@ -142,7 +161,9 @@ def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
                 points = (paddle.to_tensor(coords), paddle.to_tensor(labels))
             sparse, dense = sam.prompt_encoder(points, boxes, mask_input)
             low, iou_pred = sam.mask_decoder(emb, pe, sparse, dense, r == 0 and not use_box)
-            up = F.interpolate(low, size=[size, size], mode="bilinear", align_corners=False)
+            up = low
+            if res != low.shape[-1]:
+                up = F.interpolate(low, size=[res, res], mode="bilinear", align_corners=False)
             loss, parts, best = sam_loss(
                 up,
                 iou_pred,
@@ -160,9 +181,10 @@ def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
             if r == rounds - 1:
                 stats["iou_last"] += float(parts["iou"]) * len(idx) / k
                 break
-            pred = (_take(up, best)[:, 0].numpy() > 0) & sample.valid
+            pred = (_take(up, best)[:, 0].numpy() > 0) & valid_np
             clicks = [correction_click(p, g, rng) for p, g in zip(pred, gt, strict=True)]
-            coords = np.concatenate([coords, np.array([[c[:2]] for c in clicks], np.float32)], 1)
+            xy = np.array([[c[:2]] for c in clicks], np.float32) * f + rng.integers(f, size=2)
+            coords = np.concatenate([coords, xy.astype(np.float32)], 1)
             labels = np.concatenate([labels, np.array([[c[2]] for c in clicks], np.float32)], 1)
             mask_input = _take(low, best).detach()
     return total, stats
@@ -220,6 +242,11 @@ class Trainer:
             apply_decay_param_fun=lambda name: name not in no_decay,
             grad_clip=paddle.nn.ClipGradByGlobalNorm(oc.grad_clip) if oc.grad_clip else None,
         )
+        # moments for every parameter from the start (zeros until it trains), so a checkpoint
+        # taken while the encoder is frozen still holds a complete state (exact resume)
+        self.optimizer._create_accumulators(
+            paddle.static.default_main_program().global_block(), [p for _, p in named]
+        )
         self.scaler = paddle.amp.GradScaler() if self.amp else None
         self.step = 0
         self.stage = None
@@ -233,7 +260,8 @@ class Trainer:
         if resume and overwrite:
             raise ValueError("give --resume or --overwrite, not both")
         if self.rank == 0:
-            existing = out.is_dir() and any(out.iterdir())
+            # launch_logs/ is written by paddle.distributed.launch before we start
+            existing = out.is_dir() and any(p.name != "launch_logs" for p in out.iterdir())
             if resume and not (out / "checkpoints").is_dir():
                 raise FileNotFoundError(f"--resume: no checkpoints in {out}/checkpoints")
             if existing and not (resume or overwrite):
@@ -410,7 +438,7 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             paddle.save(self.sam.state_dict(), str(tmp / "model.pdparams"))
-            paddle.save(self.optimizer.state_dict(), str(tmp / "optimizer.pdopt"))
+            paddle.save(self._optimizer_state(), str(tmp / "optimizer.pdopt"))
             (tmp / "trainer.json").write_text(
                 json.dumps(
                     {
@@ -431,6 +459,32 @@ class Trainer:
         self._barrier()
         return final
 
+    def _optimizer_state(self) -> dict:
+        """Optimizer state keyed by structured parameter names (Paddle's own tensor names
+        depend on how many layers the process built before, so they differ between runs)."""
+        names = {p.name: n for n, p in self.sam.named_parameters()}
+        out = {}
+        for key, v in self.optimizer.state_dict().items():
+            base, sep, suffix = (
+                key.partition("_moment") if "_moment" in key else (key.partition("_beta"))
+            )
+            if sep and base in names:
+                key = f"param:{names[base]}{sep}{suffix}"
+            out[key] = v
+        return out
+
+    def _set_optimizer_state(self, state: dict) -> None:
+        names = {n: p.name for n, p in self.sam.named_parameters()}
+        out = {}
+        for key, v in state.items():
+            if key.startswith("param:"):
+                rest = key[len("param:") :]
+                sep = "_moment" if "_moment" in rest else "_beta"
+                base, _, suffix = rest.partition(sep)
+                key = f"{names[base]}{sep}{suffix}"
+            out[key] = v
+        self.optimizer.set_state_dict(out)
+
     def _load_latest(self) -> None:
         ckpts = sorted((self.out / "checkpoints").glob("step_???????"))
         if not ckpts:
@@ -442,7 +496,7 @@ class Trainer:
         self.sam.set_state_dict(paddle.load(str(d / "model.pdparams")))
         self.step = int(meta["step"])
         self._apply_stage()  # create the parameter set of the stage before loading moments
-        self.optimizer.set_state_dict(paddle.load(str(d / "optimizer.pdopt")))
+        self._set_optimizer_state(paddle.load(str(d / "optimizer.pdopt")))
         self.scheduler.set_state_dict(meta["scheduler"])
         if self.rank == 0 and self.progress:
             print(f"resumed from {d} (step {self.step})")
@@ -519,6 +573,7 @@ class Trainer:
             if self.step % tc.checkpoint_every == 0 or self.step == tc.steps:
                 self.save_checkpoint()
         bar.close()
+        self._check_ranks_agree()
         result = {"steps": self.step, "eval": final_eval, "skipped": self.skips.summary()}
         if self.rank == 0:
             model = self.export({k: final_eval[k] for k in final_eval})
@@ -527,6 +582,28 @@ class Trainer:
             result["model"] = str(model)
         self._barrier()
         return result
+
+    def weights_sha256(self) -> str:
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, v in sorted(self.sam.state_dict().items()):
+            h.update(name.encode())
+            h.update(np.ascontiguousarray(v.numpy()).tobytes())
+        return h.hexdigest()
+
+    def _check_ranks_agree(self) -> None:
+        """Data parallel: every rank must end with the same weights (written to ranks.json)."""
+        if self.world == 1:
+            return
+        hashes: list = []
+        paddle.distributed.all_gather_object(hashes, self.weights_sha256())
+        agree = len(set(hashes)) == 1
+        if self.rank == 0:
+            doc = {"world_size": self.world, "weights_sha256": hashes, "agree": agree}
+            (self.out / "ranks.json").write_text(json.dumps(doc, indent=2) + "\n")
+        if not agree:
+            raise RuntimeError(f"data-parallel ranks ended with different weights: {hashes}")
 
     # -- metrics --
 
