@@ -313,7 +313,7 @@ EXAMPLE_OBJECTS = (
 
 def example_scene(seed: int = 2024) -> Scene:
     """The bundled example image: six everyday shapes at fixed places (640 x 480), each a
-    flat colour with a little texture, on a soft gradient; some overlap."""
+    flat colour with a little shading, on a soft gradient."""
     rng = np.random.default_rng(seed)
     w, h = 640, 480
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
