@@ -32,16 +32,28 @@ def write_assets(folder: Path = ASSETS, overwrite: bool = False) -> list[Path]:
         raise FileExistsError(f"{clash[0]} exists; pass --overwrite to replace it")
     Image.fromarray(scene.image).save(out[0])
     Image.fromarray(instance_map(scene.masks)).save(out[1])
-    objects = [{"id": i + 1, "kind": k, "area": int(m.sum())}
-               for i, (k, m) in enumerate(zip(scene.kinds, scene.masks, strict=True))]
-    out[2].write_text(json.dumps({"image": "example.png", "instances": "example_instances.png",
-                                  "demo_point": list(DEMO_POINT), "objects": objects},
-                                 indent=2) + "\n")
+    objects = [
+        {"id": i + 1, "kind": k, "area": int(m.sum())}
+        for i, (k, m) in enumerate(zip(scene.kinds, scene.masks, strict=True))
+    ]
+    out[2].write_text(
+        json.dumps(
+            {
+                "image": "example.png",
+                "instances": "example_instances.png",
+                "demo_point": list(DEMO_POINT),
+                "objects": objects,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return out
 
 
-def mask_iou_at(mask_png: str | Path, point: tuple[float, float],
-                instances: str | Path = INSTANCES) -> tuple[float, int]:
+def mask_iou_at(
+    mask_png: str | Path, point: tuple[float, float], instances: str | Path = INSTANCES
+) -> tuple[float, int]:
     """(IoU of the mask with the ground-truth object under ``point``, that object's id)."""
     ids = np.asarray(Image.open(instances))
     mask = np.asarray(Image.open(mask_png).convert("L")) > 127
