@@ -113,7 +113,7 @@ def cmd_export(args) -> int:
     from .export.sam_v1 import export_sam
 
     sam = _load_model(args)
-    meta = read_sidecar(args.checkpoint) or {}
+    meta = read_sidecar(args.checkpoint or DEFAULT_MODEL) or {}
     t = time.perf_counter()
     export_sam(
         sam,

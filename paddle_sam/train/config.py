@@ -60,6 +60,8 @@ class LossConfig:
     focal_weight: float = 20.0
     dice_weight: float = 1.0
     iou_weight: float = 1.0
+    focal_alpha: float = 0.25  # weight of positives in the focal loss; -1: none
+    focal_gamma: float = 2.0
     # loss resolution: the low-res logits (4 x the embedding grid) upsampled by this factor;
     # 4 = the encoder input size (as SAM), 2 is 4x cheaper
     logit_upsample: int = 4

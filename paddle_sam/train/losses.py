@@ -56,11 +56,13 @@ def sam_loss(
     focal_weight: float = 20.0,
     dice_weight: float = 1.0,
     iou_weight: float = 1.0,
+    focal_alpha: float = 0.25,
+    focal_gamma: float = 2.0,
 ) -> tuple[paddle.Tensor, dict[str, paddle.Tensor], paddle.Tensor]:
     """Loss for K prompts with C outputs each: only the output with the lowest mask loss is
     supervised (SAM's "best of the multimask outputs"); the IoU head is trained on every
     output. Returns (loss, parts, index of the supervised output per prompt: K)."""
-    focal = focal_loss(logits, target, valid)
+    focal = focal_loss(logits, target, valid, focal_alpha, focal_gamma)
     dice = dice_loss(logits, target, valid)
     per_output = focal_weight * focal + dice_weight * dice  # K x C
     best = paddle.argmin(per_output.detach(), axis=1, keepdim=True)  # K x 1

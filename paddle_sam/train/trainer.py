@@ -172,6 +172,8 @@ def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
                 cfg.loss.focal_weight,
                 cfg.loss.dice_weight,
                 cfg.loss.iou_weight,
+                cfg.loss.focal_alpha,
+                cfg.loss.focal_gamma,
             )
             total = total + loss * weight
             for key in ("focal", "dice", "iou_mse"):
@@ -182,9 +184,15 @@ def prompt_rounds(sam, emb, pe, sample: Sample, rng, cfg: Config):
                 stats["iou_last"] += float(parts["iou"]) * len(idx) / k
                 break
             pred = (_take(up, best)[:, 0].numpy() > 0) & valid_np
-            clicks = [correction_click(p, g, rng) for p, g in zip(pred, gt, strict=True)]
-            xy = np.array([[c[:2]] for c in clicks], np.float32) * f + rng.integers(f, size=2)
-            coords = np.concatenate([coords, xy.astype(np.float32)], 1)
+            clicks = []
+            for p_i, g, g_full in zip(pred, gt, gt_full, strict=True):
+                if g.any():  # drawn at the loss resolution, mapped into the input frame
+                    x, y, lab = correction_click(p_i, g, rng)
+                    clicks.append((x * f + rng.integers(f), y * f + rng.integers(f), lab))
+                else:  # too small to survive pooling: a positive click on the object
+                    clicks.append((*random_point(g_full, rng), 1))
+            xy = np.array([[c[:2]] for c in clicks], np.float32)
+            coords = np.concatenate([coords, xy], 1)
             labels = np.concatenate([labels, np.array([[c[2]] for c in clicks], np.float32)], 1)
             mask_input = _take(low, best).detach()
     return total, stats
