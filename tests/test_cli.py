@@ -274,7 +274,10 @@ def test_everything_argument_errors(tiny_ckpt, image_png, tmp_path, capsys):
         everything(image_png, out, tiny_ckpt, "--points-per-side", "four"),
         "--points-per-side",
     )
-    assert_user_error(capsys, ["everything", image_png, "-o", out], "--checkpoint")
+    # no --checkpoint: only the bundled default model can be used (tests/test_default_model.py)
+    assert_user_error(
+        capsys, ["everything", image_png, "-o", out, "--model-type", "vit_b"], "--checkpoint"
+    )
     assert not (tmp_path / "o").exists()
 
 
