@@ -36,6 +36,11 @@ class ModelConfig:
     type: str = "vit_b"  # a name in paddle_sam.SAM_SPECS
     spec: dict[str, Any] = field(default_factory=dict)  # SamSpec fields overriding the type's
     checkpoint: str | None = None  # initial weights; None = random initialisation
+    # from scratch only: start every mask-decoder attention with its key projection equal to
+    # its query projection, so attention starts as a positional-encoding similarity (a prompt
+    # point attends to its own location) instead of a random bilinear form; with random q/k
+    # the decoder sits for hundreds of steps predicting empty masks before it uses the prompt
+    tied_qk_init: bool = False
 
 
 @dataclass

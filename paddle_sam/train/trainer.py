@@ -68,6 +68,18 @@ class Sample:
     valid: np.ndarray  # S x S bool: inside the resized image
 
 
+def tie_decoder_qk(sam) -> None:
+    """Set each mask-decoder attention's key projection to its query projection (a from-
+    scratch initialisation: attention logits start as q(x) . q(y), a positive semi-definite
+    kernel, so a point token attends to the image positions whose encoding matches its own)."""
+    from ..models.transformer import Attention
+
+    for _, layer in sam.mask_decoder.named_sublayers():
+        if isinstance(layer, Attention):
+            layer.k_proj.weight.set_value(layer.q_proj.weight.clone())
+            layer.k_proj.bias.set_value(layer.q_proj.bias.clone())
+
+
 def model_spec(cfg: Config) -> SamSpec:
     spec = SAM_SPECS[cfg.model.type]
     if cfg.model.spec:
@@ -228,6 +240,8 @@ class Trainer:
         self.sam = build_sam(self.spec)
         if cfg.model.checkpoint is not None:
             load_sam_weights(self.sam, cfg.model.checkpoint)
+        elif cfg.model.tied_qk_init:
+            tie_decoder_qk(self.sam)
         self.sam.train()
         if self.world > 1:  # every rank starts from rank 0's weights
             for p in self.sam.parameters():
