@@ -259,6 +259,21 @@ def test_stages_freeze_then_unfreeze_the_last_blocks(tmp_path):
     assert enc.blocks[1].attn.qkv.weight.optimize_attr["learning_rate"] == 0.5
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_tied_qk_init_starts_decoder_keys_as_queries(tmp_path, tied):
+    from paddle_sam.models.transformer import Attention
+    from paddle_sam.train.trainer import Trainer
+
+    model = {"type": "vit_tiny_synthetic", "spec": TINY_SPEC, "tied_qk_init": tied}
+    cfg = load_config(write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path, model=model)))
+    t = Trainer(cfg, progress=False)
+    attns = [m for _, m in t.sam.mask_decoder.named_sublayers() if isinstance(m, Attention)]
+    assert len(attns) == 7  # 2 blocks x 3 + the final token-to-image attention
+    same = [np.array_equal(a.k_proj.weight.numpy(), a.q_proj.weight.numpy()) for a in attns]
+    assert all(same) if tied else not any(same)
+    assert attns[0].k_proj.weight is not attns[0].q_proj.weight  # tied values, not one tensor
+
+
 def test_resume_continues_exactly(tmp_path):
     from paddle_sam.train.trainer import Trainer
 
