@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := outputs/demo
 
-.PHONY: demo test lint bench bench-serve chromium clean
+.PHONY: demo test lint bench bench-serve chromium clean train-default
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,18 +20,25 @@ $(VENV)/.installed-test: pyproject.toml constraints-test.txt | $(BIN)/python
 	$(BIN)/pip install --quiet -c constraints-test.txt -e '.[test]'
 	touch $@ $(VENV)/.installed
 
+# training install: the runtime plus pyyaml and matplotlib
+$(VENV)/.installed-train: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[train]'
+	touch $@ $(VENV)/.installed
+
 demo: $(VENV)/.installed
-	@echo "NOTE: no trained default model ships yet, so this demo runs SAM ViT-B with RANDOM"
-	@echo "      weights written in the official checkpoint layout: it exercises conversion and"
-	@echo "      the whole pipeline, but the masks are meaningless. Real images need official"
-	@echo "      weights: paddle-sam convert sam_vit_b_01ec64.pth sam_vit_b.pdparams"
-	$(BIN)/paddle-sam random-checkpoint --model-type vit_b -o $(DEMO)/sam_vit_b_random.safetensors --overwrite
-	$(BIN)/paddle-sam convert $(DEMO)/sam_vit_b_random.safetensors $(DEMO)/sam_vit_b_random.pdparams --overwrite --quiet
-	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --point 170,180 \
-		--checkpoint $(DEMO)/sam_vit_b_random.pdparams -o $(DEMO)/segment --overwrite
-	$(BIN)/paddle-sam everything paddle_sam/assets/example.png --points-per-side 8 \
-		--checkpoint $(DEMO)/sam_vit_b_random.pdparams -o $(DEMO)/everything --overwrite
+	@echo "NOTE: the default model (paddle_sam/assets/sam_tiny_synthetic.pdparams) is a small SAM"
+	@echo "      trained only on generated shapes (configs/sam_tiny_synthetic.yaml). Real images"
+	@echo "      need official weights: paddle-sam convert sam_vit_b_01ec64.pth sam_vit_b.pdparams"
+	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --point 520,110 \
+		-o $(DEMO)/segment --overwrite
+	$(BIN)/python -m paddle_sam.train.example iou $(DEMO)/segment/mask.png --point 520,110
+	$(BIN)/paddle-sam everything paddle_sam/assets/example.png --points-per-side 16 \
+		-o $(DEMO)/everything --overwrite
 	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/"
+
+# the default model's recipe: about 20 minutes on one CPU thread, writes runs/sam_tiny_synthetic/
+train-default: $(VENV)/.installed-train
+	$(BIN)/paddle-sam train configs/sam_tiny_synthetic.yaml
 
 test: $(VENV)/.installed-test chromium
 	$(BIN)/python -m pytest -q
@@ -62,4 +69,4 @@ bench-serve: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_serve.py
 
 clean:
-	rm -rf $(VENV) outputs test-artifacts .pytest_cache
+	rm -rf $(VENV) outputs test-artifacts .pytest_cache runs

@@ -71,14 +71,26 @@ def _prepare_out(out: Path, names: list[str], overwrite: bool) -> None:
         )
 
 
+DEFAULT_MODEL = Path(__file__).parent / "assets" / "sam_tiny_synthetic.pdparams"
+
+
 def _load_model(args):
+    """The model of --checkpoint, or the bundled default synthetic model (with a notice)."""
     from .convert.checkpoint import load_sam
 
     if args.checkpoint is None:
-        raise ValueError(
-            "no --checkpoint given and no default model is bundled yet; convert official "
-            "weights with 'paddle-sam convert' and pass --checkpoint FILE"
+        if args.model_type not in (None, "vit_tiny_synthetic"):
+            raise ValueError(
+                f"--model-type {args.model_type} needs --checkpoint FILE (converted official "
+                "weights: 'paddle-sam convert'); only the default synthetic model is bundled"
+            )
+        print(
+            f"note: no --checkpoint given, using the default synthetic model "
+            f"({DEFAULT_MODEL.name}, a small SAM trained on generated shapes only; real "
+            "images need converted official weights: paddle-sam convert)",
+            file=sys.stderr,
         )
+        return load_sam(DEFAULT_MODEL)
     return load_sam(args.checkpoint, args.model_type)
 
 
@@ -107,7 +119,7 @@ def cmd_export(args) -> int:
     else:
         from .export.sam_v1 import export_sam as export
     sam = _load_model(args)
-    meta = read_sidecar(args.checkpoint) or {} if args.checkpoint else {}
+    meta = read_sidecar(args.checkpoint or DEFAULT_MODEL) or {}
     t = time.perf_counter()
     export(
         sam,
@@ -182,7 +194,7 @@ def cmd_segment(args) -> int:
     ).save(out / "overlay.png")
     result = {
         "image": str(args.image),
-        "checkpoint": str(args.exported or args.checkpoint),
+        "checkpoint": str(args.exported or args.checkpoint or DEFAULT_MODEL.name),
         "prompts": {"points": args.point or [], "box": args.box},
         "multimask_output": multimask,
         "scores": [float(s) for s in scores],
@@ -416,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_random_checkpoint)
 
     serve_cli.add_parser(sub, model_args)
+    from .train.cli import add_parser as add_train_parsers  # train, eval, synth
+
+    add_train_parsers(sub, model_args)
     return p
 
 

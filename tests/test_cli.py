@@ -274,7 +274,10 @@ def test_everything_argument_errors(tiny_ckpt, image_png, tmp_path, capsys):
         everything(image_png, out, tiny_ckpt, "--points-per-side", "four"),
         "--points-per-side",
     )
-    assert_user_error(capsys, ["everything", image_png, "-o", out], "--checkpoint")
+    # no --checkpoint: only the bundled default model can be used (tests/test_default_model.py)
+    assert_user_error(
+        capsys, ["everything", image_png, "-o", out, "--model-type", "vit_b"], "--checkpoint"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -353,8 +356,9 @@ def test_segment_file_errors(tiny_ckpt, image_png, tmp_path, capsys, monkeypatch
     monkeypatch.setattr(sam_io, "MAX_IMAGE_PIXELS", 1000)
     assert_user_error(capsys, point(image_png), f"{W}x{H}", "limit", "1000")
     monkeypatch.undo()
-    # missing checkpoint / checkpoint errors
-    assert_user_error(capsys, ["segment", image_png, "--point", "5,5", "-o", out], "--checkpoint")
+    # missing checkpoint / checkpoint errors (only the bundled default model needs none)
+    args = ["segment", image_png, "--point", "5,5", "--model-type", "vit_b", "-o", out]
+    assert_user_error(capsys, args, "--checkpoint")
     missing = tmp_path / "no.pdparams"
     assert_user_error(capsys, point(image_png, missing), "not found", "no.pdparams")
     bare = tmp_path / "bare.pdparams"

@@ -77,6 +77,20 @@ SAM_SPECS: dict[str, SamSpec] = {
     "vit_h": SamSpec(1280, 32, 16, (7, 15, 23, 31)),
     "vit_l": SamSpec(1024, 24, 16, (5, 11, 17, 23)),
     "vit_b": SamSpec(768, 12, 12, (2, 5, 8, 11)),
+    # the bundled default model (paddle_sam/assets/sam_tiny_synthetic.pdparams): trained by
+    # configs/sam_tiny_synthetic.yaml on generated shapes only; 256 px input, 16 x 16 grid
+    "vit_tiny_synthetic": SamSpec(
+        encoder_embed_dim=128,
+        encoder_depth=4,
+        encoder_num_heads=4,
+        encoder_global_attn_indexes=(1, 3),
+        image_size=256,
+        window_size=4,
+        prompt_embed_dim=128,
+        decoder_mlp_dim=512,
+        decoder_num_heads=4,
+        iou_head_hidden_dim=128,
+    ),
 }
 
 

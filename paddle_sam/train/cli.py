@@ -1,0 +1,172 @@
+"""``paddle-sam train``, ``paddle-sam eval`` and ``paddle-sam synth``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def cmd_train(args) -> int:
+    if args.nproc > 1 and "PADDLE_TRAINER_ID" not in os.environ:
+        return _launch(args)
+    from .config import load_config
+    from .trainer import Trainer
+
+    cfg = load_config(args.config, args.set)
+    import yaml
+
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    trainer = Trainer(
+        cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, config_text=text
+    )
+    result = trainer.run()
+    if trainer.rank == 0:
+        ev = result["eval"]
+        line = ", ".join(
+            f"{k} {ev[k]:.4f}" for k in ("miou_1click", "miou_3click", "miou_box") if k in ev
+        )
+        print(
+            f"trained {result['steps']} steps -> {result['model']}"
+            f"{'; held-out ' + line if line else ''}"
+        )
+        print(
+            f"metrics: {trainer.out}/metrics.csv, curves: {trainer.out}/curves.png; "
+            f"{result['skipped']}"
+        )
+    return 0
+
+
+def _launch(args) -> int:
+    """Re-run this command under ``python -m paddle.distributed.launch`` (gloo on CPU)."""
+    from .config import load_config
+
+    cfg = load_config(args.config, args.set)  # fail fast, before starting processes
+    entry = Path(__file__).resolve().parent / "launch_entry.py"
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.nproc)
+    cmd = [
+        sys.executable,
+        "-m",
+        "paddle.distributed.launch",
+        "--nproc_per_node",
+        str(args.nproc),
+        "--log_dir",
+        str(Path(cfg.run.output_dir) / "launch_logs"),
+        str(entry),
+        "--threads",
+        str(threads),
+        "train",
+        str(args.config),
+    ]
+    for s in args.set:
+        cmd += ["--set", s]
+    cmd += [
+        f
+        for f, on in (
+            ("--resume", args.resume),
+            ("--overwrite", args.overwrite),
+            ("--quiet", args.quiet),
+        )
+        if on
+    ]
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    print("launching:", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def cmd_eval(args) -> int:
+    from ..cli import _load_model
+    from .data import SkipLog, open_dataset
+    from .evaluate import evaluate
+
+    skips = SkipLog()
+    spec = {"format": args.format, "path": args.data, "images": args.images}
+    if args.format == "synthetic":
+        spec = {"format": "synthetic", "num_images": args.num_images or 100, "seed": args.seed}
+    elif args.data is None:
+        raise ValueError(f"a {args.format} dataset needs --data PATH")
+    dataset = open_dataset(spec, skips)
+    sam = _load_model(args)
+    result = evaluate(sam, dataset, args.num_images, progress=not args.quiet)
+    result["skipped"] = skips.summary()
+    result["checkpoint"] = str(args.checkpoint) if args.checkpoint else "default synthetic model"
+    print(
+        f"{result['instances']} instances in {result['images']} images: mIoU 1 click "
+        f"{result['miou_1click']:.4f}, 3 clicks {result['miou_3click']:.4f}, box "
+        f"{result['miou_box']:.4f}; {result['skipped']}"
+    )
+    if args.json:
+        out = Path(args.json)
+        if out.exists() and not args.overwrite:
+            raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from .synthetic import write_dataset
+
+    sizes = [[int(v) for v in s.lower().split("x")] for s in args.size] if args.size else None
+    out = write_dataset(
+        args.output, args.format, args.num_images, args.seed, sizes, overwrite=args.overwrite
+    )
+    print(f"{args.num_images} synthetic images ({args.format}, seed {args.seed}) -> {out}/")
+    return 0
+
+
+def add_parser(sub, model_args) -> None:
+    """Register train, eval and synth on the ``paddle-sam`` subparsers."""
+    t = sub.add_parser("train", help="fine-tune or train a SAM model from a YAML config")
+    t.add_argument("config", help="YAML run config (see configs/)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optim.lr=3e-4 (repeatable)",
+    )
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start again in a non-empty run folder (deletes its previous run)",
+    )
+    t.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="data-parallel processes via python -m paddle.distributed.launch",
+    )
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="held-out mIoU at 1 click, 3 clicks and with a box")
+    e.add_argument("--data", default=None, help="dataset path (not for --format synthetic)")
+    e.add_argument("--format", choices=("coco", "sa1b", "folder", "synthetic"), default="folder")
+    e.add_argument("--images", default=None, help="COCO image folder (default: images/)")
+    e.add_argument("--num-images", type=int, default=None, help="evaluate the first N images")
+    e.add_argument("--seed", type=int, default=1000, help="synthetic set seed")
+    e.add_argument("--json", default=None, help="also write the result to this JSON file")
+    e.add_argument("--overwrite", action="store_true")
+    e.add_argument("--quiet", action="store_true")
+    model_args(e)
+    e.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("synth", help="write a synthetic segmentation dataset (coco, sa1b, folder)")
+    s.add_argument("output", help="output folder")
+    s.add_argument("--format", choices=("coco", "sa1b", "folder"), default="folder")
+    s.add_argument("--num-images", type=int, default=100)
+    s.add_argument("--seed", type=int, default=1000)
+    s.add_argument(
+        "--size",
+        action="append",
+        default=None,
+        metavar="WxH",
+        help="image size, repeatable (default 640x480)",
+    )
+    s.add_argument("--overwrite", action="store_true")
+    s.set_defaults(func=cmd_synth)
