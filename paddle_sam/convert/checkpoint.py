@@ -148,6 +148,7 @@ def _convert_sam3(
     src: Path, dst: Path, state: dict, model_type: str | None, spec: Any, progress: bool
 ) -> dict:
     """SAM 3 (``detector.*`` / ``tracker.*``): convert every key, check the image model's part
+    (and, when the file has ``tracker.*`` keys, the tracker's SAM heads of ``predict_inst``)
     strictly against the model of ``spec`` (the released sizes by default), write it all."""
     from ..models.sam3 import build_sam3
 
@@ -156,12 +157,18 @@ def _convert_sam3(
     spec = build_sam3.SAM3_SPEC if spec is None else spec
     converted = sam3.convert_state_dict(state)
     del state
-    sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
+    interactive = any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted)
+    if interactive:  # the tracker's SAM heads too (predict_inst)
+        sam3.select_for_model(
+            converted, sam3.expected_layout(spec, enable_inst_interactivity=True), where=f"{src}: "
+        )
+    else:
+        sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
     meta = {
         "format": "paddle-sam/sam3",
         "model_type": "sam3",
         "spec": dataclasses.asdict(spec),
-        "interactive": any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted),
+        "interactive": interactive,
         "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": "official"},
         "converter_version": CONVERTER_VERSION,
         "paddle_version": paddle.__version__,
