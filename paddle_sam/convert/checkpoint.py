@@ -13,6 +13,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -277,10 +278,72 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
     return build_sam(spec, checkpoint)
 
 
+def detect_family(checkpoint: str | os.PathLike) -> str | None:
+    """``"sam3"``, ``"sam"`` (SAM v1) or None (cannot tell cheaply) for a checkpoint file.
+
+    From the sidecar of a converted file; for official files from their key names without
+    reading the weights: the pickle of a zip ``.pt`` / ``.pth`` (scanned as bytes, never
+    unpickled) or the header of a ``.safetensors``. Legacy (non-zip) pickles and ``.pdparams``
+    without a sidecar give None."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    meta = read_sidecar(path)
+    if meta is not None and "model_type" in meta:
+        return "sam3" if meta["model_type"] == "sam3" else "sam"
+    if path.suffix == PADDLE_SUFFIX:
+        return None
+    needle = sam3.DETECTOR_PREFIX + "backbone."
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                pickles = [n for n in zf.namelist() if n.endswith("/data.pkl")]
+                if len(pickles) != 1:
+                    return None
+                return "sam3" if needle.encode() in zf.read(pickles[0]) else "sam"
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) == 8:
+                n = int.from_bytes(head, "little")
+                if 2 <= n <= (100 << 20):
+                    header = f.read(n)
+                    if header[:1] == b"{":
+                        return "sam3" if needle.encode() in header else "sam"
+    except (OSError, zipfile.BadZipFile):
+        return None
+    return None
+
+
+def load_sam3(
+    checkpoint: str | os.PathLike,
+    bpe_path: str | os.PathLike | None = None,
+    enable_inst_interactivity: bool = False,
+):
+    """Build and strictly load a SAM 3 image model, its sizes from the sidecar if present
+    (the released sizes otherwise)."""
+    from ..models.sam3 import build_sam3
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    meta = read_sidecar(checkpoint) or {}
+    if meta.get("model_type", "sam3") != "sam3":
+        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
+    spec = build_sam3.Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else build_sam3.SAM3_SPEC
+    return build_sam3.build_sam3_image_model(
+        bpe_path=bpe_path,
+        checkpoint_path=checkpoint,
+        enable_inst_interactivity=enable_inst_interactivity,
+        spec=spec,
+    )
+
+
 __all__ = [
     "CheckpointError",
     "CheckpointFormatError",
     "convert_checkpoint",
+    "detect_family",
+    "load_sam3",
     "load_sam",
     "load_sam_weights",
     "read_sidecar",

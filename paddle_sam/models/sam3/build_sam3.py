@@ -7,6 +7,7 @@ downloads anything: pass ``checkpoint_path`` (an official ``sam3.pt`` or a conve
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -53,6 +54,15 @@ class Sam3Spec:
     num_queries: int = 200
     geometry_layers: int = 3
     upsampling_stages: int = 3
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sam3Spec:
+        """The spec of a ``dataclasses.asdict`` dict (a converted checkpoint's sidecar)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown Sam3Spec fields: {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 SAM3_SPEC = Sam3Spec()
