@@ -10,9 +10,9 @@ fused ``in_proj``) redrawn from N(0, 1 / fan_in) and every tensor perturbed
 (trunc-normal 0.02, then perturbed) make the comparison degenerate at full size: measured, all
 200 text-prompt scores within 0.278..0.285 (std 0.001) and masks covering 99.9 % of the image.
 With fan-in weights the scores spread over 0.27..0.31 (about 150 distinct values at 1e-4) and
-masks cover 70-80 %, so a wrong query, box or mask shows. The ``tracker.*`` keys of the file
-are random arrays of the released shapes (the image model does not use them; the converter
-maps them).
+masks cover 70-80 %, so a wrong query, box or mask shows. The ``tracker.*`` keys and the second
+neck (``sam2_convs``, used only with instance interactivity) are random arrays of the released
+shapes: the file holds exactly the 1465 released keys.
 
 Opt-in (minutes and ~12 GB of memory on 2 cores): ``pytest -m slow tests/test_full_size_sam3.py``.
 """
@@ -67,16 +67,17 @@ def _results(state) -> dict[str, np.ndarray]:
     return {k: arr(state[k]) for k in ("scores", "boxes", "masks", "masks_logits")}
 
 
-def _released_tracker(reference_dir: Path, seed: int) -> dict[str, np.ndarray]:
-    """Random ``tracker.*`` arrays of the released shapes."""
+def _released_shapes(reference_dir: Path) -> dict[str, list[int]]:
+    rows = (reference_dir / "sam3_checkpoint_keys.tsv").read_text().splitlines()[1:]
+    return {r.split("\t")[0]: ast.literal_eval(r.split("\t")[1]) for r in rows}
+
+
+def _random(shapes: dict[str, list[int]], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}
-    for line in (reference_dir / "sam3_checkpoint_keys.tsv").read_text().splitlines()[1:]:
-        key, shape, _ = line.split("\t")
-        if key.startswith("tracker."):
-            shape = ast.literal_eval(shape)
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            out[key] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+    for key, shape in shapes.items():
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        out[key] = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
     return out
 
 
@@ -104,10 +105,14 @@ def measured(tmp_path_factory, reference_dir):
         ref.eval()
         # the released layout: {"model": {"detector.*": ..., "tracker.*": ...}}, 1465 keys
         state = {f"detector.{k}": v for k, v in ref.state_dict().items()}
-        rows = (reference_dir / "sam3_checkpoint_keys.tsv").read_text().splitlines()[1:]
-        released = {r.split("\t")[0]: ast.literal_eval(r.split("\t")[1]) for r in rows}
-        tracker = _released_tracker(reference_dir, seed=1)
-        state.update({k: torch.from_numpy(v) for k, v in tracker.items()})
+        released = _released_shapes(reference_dir)
+        # what the image model without interactivity lacks: the second neck and the tracker
+        missing = {k: v for k, v in released.items() if k not in state}
+        assert all(
+            k.startswith(("tracker.", "detector.backbone.vision_backbone.sam2_convs."))
+            for k in missing
+        ), sorted(missing)[:5]
+        state.update({k: torch.from_numpy(v) for k, v in _random(missing, seed=1).items()})
         assert {k: list(v.shape) for k, v in state.items()} == released
         pt = tmp / "sam3_random.pt"
         torch.save({"model": state}, pt)
