@@ -305,11 +305,18 @@ def read_sam3_weights(
 
 def load_state_strict(model: paddle.nn.Layer, state: Mapping[str, np.ndarray]) -> None:
     """Set ``model``'s weights from a Paddle-layout state dict: every key present, nothing
-    extra, shapes equal (:class:`CheckpointMismatchError` otherwise)."""
-    check_keys(model_shapes(model), state)
-    model.set_state_dict(
-        {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
-    )
+    extra, shapes equal (:class:`CheckpointMismatchError` otherwise).
+
+    Tensors are copied in one at a time, and a mutable ``state`` (a ``dict``) is emptied as it
+    goes: the full-size model (3.4 GB) then never exists three times over (arrays, temporary
+    tensors, parameters), only the parameters plus what remains to be copied."""
+    targets = model.state_dict()
+    check_keys({k: tuple(int(d) for d in v.shape) for k, v in targets.items()}, state)
+    pop = isinstance(state, dict)
+    for key in list(state):
+        value = state.pop(key) if pop else state[key]
+        targets[key].set_value(np.asarray(value, dtype=np.float32))
+        del value
 
 
 _QKV_KEY = re.compile(r"^(.*)\.([qkv])_proj\.(weight|bias)$")
