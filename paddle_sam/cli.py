@@ -161,9 +161,12 @@ def cmd_segment(args) -> int:
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
-    if _segment_family(args) == "sam3":
+    family = _segment_family(args)
+    if family == "sam3" and not args.point:
         return _segment_sam3(args)
-    if args.text is not None:
+    if family == "sam3":  # clicks: the interactive predictor (predict_inst)
+        _check_sam3_clicks(args)
+    elif args.text is not None:
         raise ValueError(
             "--text needs a SAM 3 model (--model-type sam3 and a SAM 3 checkpoint); SAM v1 "
             "models take --point and --box"
@@ -171,12 +174,13 @@ def cmd_segment(args) -> int:
     for flag, given in (
         ("--negative-box", args.negative_box),
         ("--confidence-threshold", args.confidence_threshold is not None),
-        ("--bpe", args.bpe),
+        ("--bpe", args.bpe and family != "sam3"),
     ):
         if given:
             raise ValueError(f"{flag} is for SAM 3 models (with --text / --box)")
     if len(args.box) > 1:
-        raise ValueError(f"a SAM v1 model takes one --box, got {len(args.box)}")
+        what = "SAM v1 model" if family == "sam" else "SAM 3 model with --point"
+        raise ValueError(f"a {what} takes one --box, got {len(args.box)}")
     args.box = args.box[0] if args.box else None
     if not args.point and args.box is None:
         raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
@@ -191,7 +195,9 @@ def cmd_segment(args) -> int:
         names += [f"mask_{i}.png" for i in range(3)]
     _prepare_out(out, names, args.overwrite)
 
-    if args.exported is not None:
+    if family == "sam3":
+        predictor = _Sam3Clicks(args.checkpoint, args.bpe)
+    elif args.exported is not None:
         if args.checkpoint is not None:
             raise ValueError("give either --checkpoint or --exported, not both")
         predictor = _exported_predictor(args.exported)
@@ -236,6 +242,58 @@ def cmd_segment(args) -> int:
     return 0
 
 
+def _check_sam3_clicks(args) -> None:
+    """--point with a SAM 3 checkpoint: SAM v1 style clicks through ``predict_inst``, which
+    needs the tracker weights (``tracker.*`` of the released sam3.pt)."""
+    from .convert.checkpoint import read_sidecar
+
+    if args.text is not None:
+        raise ValueError(
+            "--point and --text do not combine: with SAM 3, --point (and one --box) segments "
+            "one object like SAM v1; --text (and --box exemplars) finds every instance"
+        )
+    if args.exported is not None:
+        raise ValueError("--exported runs SAM v1 exports only; SAM 3 needs --checkpoint")
+    if args.checkpoint is None:
+        raise ValueError(
+            "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
+            "and pass --checkpoint FILE"
+        )
+    meta = read_sidecar(args.checkpoint) or {}
+    if meta.get("interactive") is False:
+        raise ValueError(
+            f"--point with SAM 3 needs the tracker's prompt encoder and mask decoder "
+            f"(tracker.* in the released sam3.pt); {args.checkpoint} was converted from a file "
+            "without them. Use --text / --box, or convert the full sam3.pt"
+        )
+
+
+class _Sam3Clicks:
+    """SAM v1 ``predict`` on a SAM 3 model: ``Sam3Processor.set_image`` + ``predict_inst``."""
+
+    def __init__(self, checkpoint: str, bpe: str | None) -> None:
+        from .convert.checkpoint import load_sam3
+        from .predict.sam3_processor import Sam3Processor
+
+        self.model = load_sam3(checkpoint, bpe_path=bpe, enable_inst_interactivity=True)
+        size = self.model.backbone.vision_backbone.trunk.img_size
+        self.processor = Sam3Processor(self.model, resolution=size)
+        self.state: dict = {}
+
+    def set_image(self, image: np.ndarray) -> None:
+        self.state = self.processor.set_image(image)
+
+    def predict(self, point_coords, point_labels, box, multimask_output: bool):
+        masks, scores, low_res = self.model.predict_inst(
+            self.state,
+            point_coords=point_coords,
+            point_labels=point_labels,
+            box=box,
+            multimask_output=multimask_output,
+        )
+        return masks > 0.5, scores, low_res
+
+
 def _xyxy_to_cxcywh_norm(box: list[float], h: int, w: int) -> list[float]:
     x0, y0, x1, y1 = box
     return [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h]
@@ -250,13 +308,8 @@ def _segment_sam3(args) -> int:
 
     if args.exported is not None:
         raise ValueError("--exported runs SAM v1 exports only; SAM 3 needs --checkpoint")
-    if args.point:
-        raise ValueError(
-            "--point is for SAM v1 models; a SAM 3 model takes --text and/or --box "
-            "(exemplar boxes, --negative-box for counter-examples)"
-        )
     if args.multimask is not None:
-        raise ValueError("--multimask / --single-mask are for SAM v1 models")
+        raise ValueError("--multimask / --single-mask are for clicks (--point), not --text")
     if args.text is None and not args.box:
         raise ValueError("a SAM 3 model needs --text PHRASE and/or --box X0,Y0,X1,Y1")
     if args.text is not None and not args.text.strip():
@@ -499,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="X,Y[,LABEL]",
-        help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background",
+        help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background "
+        "(SAM v1, or a SAM 3 checkpoint with its tracker: predict_inst)",
     )
     s.add_argument(
         "--box",

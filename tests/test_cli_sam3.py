@@ -72,6 +72,18 @@ def ckpt(official, work) -> Path:
 
 
 @pytest.fixture(scope="module")
+def interactive_ckpt(work) -> Path:
+    """Released layout with the tracker's SAM heads: clicks work (predict_inst)."""
+    torch = pytest.importorskip("torch")
+    state = conv.random_released_state_dict(TINY, seed=8, enable_inst_interactivity=True)
+    src = work / "sam3_tiny_tracker.pt"
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in state.items()}}, src)
+    dst = work / "sam3_tiny_tracker.pdparams"
+    assert convert_checkpoint(src, dst, spec=TINY, progress=False)["interactive"] is True
+    return dst
+
+
+@pytest.fixture(scope="module")
 def sam1_ckpt(work) -> Path:
     from safetensors.numpy import save_file
 
@@ -200,15 +212,16 @@ def test_segment_sam3_errors(ckpt, sam1_ckpt, image_png, tmp_path, capsys):
     assert_user_error(
         capsys, sam1 + ["--point", "5,5", "--negative-box", "1,1,5,5"], "--negative-box"
     )
-    assert_user_error(capsys, sam3 + ["--point", "5,5"], "--point", "SAM v1", "--text")
-    assert_user_error(capsys, sam3 + ["--text", "a", "--point", "5,5"], "--point")
+    # clicks need the tracker heads, which this file lacks
+    assert_user_error(capsys, sam3 + ["--point", "5,5"], "--point", "tracker", "sam3_tiny")
+    assert_user_error(capsys, sam3 + ["--text", "a", "--point", "5,5"], "--point and --text")
     assert_user_error(capsys, sam3, "--text", "--box")  # no prompt
     assert_user_error(capsys, sam3 + ["--text", "  "], "--text is empty")
     assert_user_error(
         capsys, sam3 + ["--text", "a", "--confidence-threshold", "2"], "threshold", "[0, 1]"
     )
     assert_user_error(capsys, sam3 + ["--box", "10,10,200,40"], "box", "outside")
-    assert_user_error(capsys, sam3 + ["--text", "a", "--single-mask"], "SAM v1")
+    assert_user_error(capsys, sam3 + ["--text", "a", "--single-mask"], "--point")
     assert_user_error(
         capsys, sam3 + ["--text", "a", "--bpe", tmp_path / "none.txt.gz"], "BPE", "none.txt.gz"
     )
@@ -221,3 +234,35 @@ def test_segment_sam3_errors(ckpt, sam1_ckpt, image_png, tmp_path, capsys):
         capsys, base + ["--model-type", "sam3", "--box", "1,1,5,5"], "no --checkpoint"
     )
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "prompts, multimask",
+    [
+        (["--point", "40,30"], True),  # one click: three masks, the best kept
+        (["--point", "10,10,0", "--box", "20,15,60,45"], False),
+    ],
+)
+def test_segment_sam3_clicks(interactive_ckpt, image_png, tmp_path, prompts, multimask):
+    """--point with a SAM 3 checkpoint holding the tracker: SAM v1 style outputs, equal to
+    predict_inst on a Sam3Processor state."""
+    out = tmp_path / "clicks"
+    argv = ["segment", image_png, "--checkpoint", interactive_ckpt, "-o", out, *prompts]
+    assert run(argv) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = load_sam3(interactive_ckpt, enable_inst_interactivity=True)
+    state = Sam3Processor(model, resolution=TINY.img_size).set_image(_test_image())
+    points = [p for p in prompts[1::2] if p.count(",") in (1, 2)]
+    coords = np.array([[float(v) for v in p.split(",")[:2]] for p in points])
+    labels = np.array([int(p.split(",")[2]) if p.count(",") == 2 else 1 for p in points])
+    box = np.array([20.0, 15.0, 60.0, 45.0]) if "--box" in prompts else None
+    masks, scores, _ = model.predict_inst(
+        state, point_coords=coords, point_labels=labels, box=box, multimask_output=multimask
+    )
+    result = json.loads((out / "result.json").read_text())
+    best = int(np.argmax(scores))
+    assert result["multimask_output"] is multimask and result["best"] == best
+    np.testing.assert_allclose(result["scores"], scores, rtol=1e-6)
+    np.testing.assert_array_equal(_check_mask(out / "mask.png") > 0, masks[best] > 0.5)
+    assert (out / "mask_2.png").exists() is multimask
