@@ -48,12 +48,15 @@ def _box(text: str) -> list[float]:
     return vals
 
 
-def _check_prompts(points: list[list[float]], box: list[float] | None, image: np.ndarray) -> None:
-    """Prompts must lie inside the image; checked before the (slow) model is loaded."""
+def _check_prompts(
+    points: list[list[float]], box: list[float] | list[list[float]] | None, image: np.ndarray
+) -> None:
+    """Prompts must lie inside the image; checked before the (slow) model is loaded.
+    ``box``: one box, several, or None."""
     h, w = image.shape[:2]
-    for name, xy in [("--point", p[:2]) for p in points] + (
-        [("--box corner", box[:2]), ("--box corner", box[2:])] if box is not None else []
-    ):
+    boxes = [] if box is None or len(box) == 0 else [box] if np.ndim(box) == 1 else list(box)
+    corners = [("--box corner", xy) for b in boxes for xy in (b[:2], b[2:])]
+    for name, xy in [("--point", p[:2]) for p in points] + corners:
         if not (0 <= xy[0] <= w and 0 <= xy[1] <= h):
             raise ValueError(
                 f"{name} ({xy[0]:g}, {xy[1]:g}) lies outside the image (width {w}, height {h})"
@@ -148,10 +151,49 @@ def _exported_predictor(export_dir: str):
     return StaticSamPredictor(export_dir)  # with its own clear errors for anything else
 
 
+def _segment_family(args) -> str:
+    """``"sam3"`` or ``"sam"``: from --model-type, else from the checkpoint, else (a file that
+    cannot tell cheaply) from the prompts: --text means SAM 3."""
+    if args.model_type is not None:
+        return "sam3" if args.model_type == "sam3" else "sam"
+    if args.exported is not None:
+        return "sam"
+    if args.checkpoint is not None:
+        from .convert.checkpoint import detect_family
+
+        family = detect_family(args.checkpoint)
+        if family is not None:
+            return family
+    return "sam3" if args.text is not None else "sam"
+
+
 def cmd_segment(args) -> int:
     from .predict.io import load_image, overlay, save_mask_png
     from .predict.predictor import SamPredictor
 
+    if args.checkpoint is not None and not Path(args.checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
+    family = _segment_family(args)
+    if family == "sam3" and not args.point:
+        return _segment_sam3(args)
+    if family == "sam3":  # clicks: the interactive predictor (predict_inst)
+        _check_sam3_clicks(args)
+    elif args.text is not None:
+        raise ValueError(
+            "--text needs a SAM 3 model (--model-type sam3 and a SAM 3 checkpoint); SAM v1 "
+            "models take --point and --box"
+        )
+    for flag, given in (
+        ("--negative-box", args.negative_box),
+        ("--confidence-threshold", args.confidence_threshold is not None),
+        ("--bpe", args.bpe and family != "sam3"),
+    ):
+        if given:
+            raise ValueError(f"{flag} is for SAM 3 models (with --text / --box)")
+    if len(args.box) > 1:
+        what = "SAM v1 model" if family == "sam" else "SAM 3 model with --point"
+        raise ValueError(f"a {what} takes one --box, got {len(args.box)}")
+    args.box = args.box[0] if args.box else None
     if not args.point and args.box is None:
         raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
     image = load_image(args.image)
@@ -165,7 +207,9 @@ def cmd_segment(args) -> int:
         names += [f"mask_{i}.png" for i in range(3)]
     _prepare_out(out, names, args.overwrite)
 
-    if args.exported is not None:
+    if family == "sam3":
+        predictor = _Sam3Clicks(args.checkpoint, args.bpe)
+    elif args.exported is not None:
         if args.checkpoint is not None:
             raise ValueError("give either --checkpoint or --exported, not both")
         predictor = _exported_predictor(args.exported)
@@ -206,6 +250,170 @@ def cmd_segment(args) -> int:
     print(
         f"mask (score {scores[best]:.3f}, {result['mask_area']} px) -> {out}/mask.png, "
         f"overlay.png, result.json"
+    )
+    return 0
+
+
+def _check_sam3_clicks(args) -> None:
+    """--point with a SAM 3 checkpoint: SAM v1 style clicks through ``predict_inst``, which
+    needs the tracker weights (``tracker.*`` of the released sam3.pt)."""
+    from .convert.checkpoint import read_sidecar
+
+    if args.text is not None:
+        raise ValueError(
+            "--point and --text do not combine: with SAM 3, --point (and one --box) segments "
+            "one object like SAM v1; --text (and --box exemplars) finds every instance"
+        )
+    if args.exported is not None:
+        raise ValueError("--exported runs SAM v1 exports only; SAM 3 needs --checkpoint")
+    if args.checkpoint is None:
+        raise ValueError(
+            "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
+            "and pass --checkpoint FILE"
+        )
+    meta = read_sidecar(args.checkpoint) or {}
+    if meta.get("interactive") is False:
+        raise ValueError(
+            f"--point with SAM 3 needs the tracker's prompt encoder and mask decoder "
+            f"(tracker.* in the released sam3.pt); {args.checkpoint} was converted from a file "
+            "without them. Use --text / --box, or convert the full sam3.pt"
+        )
+
+
+class _Sam3Clicks:
+    """SAM v1 ``predict`` on a SAM 3 model: ``Sam3Processor.set_image`` + ``predict_inst``."""
+
+    def __init__(self, checkpoint: str, bpe: str | None) -> None:
+        from .convert.checkpoint import load_sam3
+        from .predict.sam3_processor import Sam3Processor
+
+        self.model = load_sam3(checkpoint, bpe_path=bpe, enable_inst_interactivity=True)
+        size = self.model.backbone.vision_backbone.trunk.img_size
+        self.processor = Sam3Processor(self.model, resolution=size)
+        self.state: dict = {}
+
+    def set_image(self, image: np.ndarray) -> None:
+        self.state = self.processor.set_image(image)
+
+    def predict(self, point_coords, point_labels, box, multimask_output: bool):
+        masks, scores, low_res = self.model.predict_inst(
+            self.state,
+            point_coords=point_coords,
+            point_labels=point_labels,
+            box=box,
+            multimask_output=multimask_output,
+        )
+        return masks > 0.5, scores, low_res
+
+
+def _xyxy_to_cxcywh_norm(box: list[float], h: int, w: int) -> list[float]:
+    x0, y0, x1, y1 = box
+    return [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h]
+
+
+def _segment_sam3(args) -> int:
+    """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
+    boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
+    from .convert.checkpoint import load_sam3
+    from .predict.io import load_image, overlay, save_mask_png
+    from .predict.sam3_processor import Sam3Processor
+
+    if args.exported is not None:
+        raise ValueError("--exported runs SAM v1 exports only; SAM 3 needs --checkpoint")
+    if args.multimask is not None:
+        raise ValueError("--multimask / --single-mask are for clicks (--point), not --text")
+    if args.text is None and not args.box:
+        raise ValueError("a SAM 3 model needs --text PHRASE and/or --box X0,Y0,X1,Y1")
+    if args.text is not None and not args.text.strip():
+        raise ValueError("--text is empty")
+    threshold = 0.5 if args.confidence_threshold is None else args.confidence_threshold
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"--confidence-threshold must lie in [0, 1], got {threshold:g}")
+    if args.bpe is not None and not Path(args.bpe).is_file():
+        raise FileNotFoundError(f"BPE vocabulary not found: {args.bpe}")
+    if args.checkpoint is None:
+        raise ValueError(
+            "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
+            "and pass --checkpoint FILE"
+        )
+    image = load_image(args.image)
+    _check_prompts([], args.box + args.negative_box, image)
+    out = Path(args.output)
+    _prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
+
+    t = time.perf_counter()
+    model = load_sam3(args.checkpoint, bpe_path=args.bpe)
+    t_load = time.perf_counter() - t
+    processor = Sam3Processor(
+        model,
+        resolution=model.backbone.vision_backbone.trunk.img_size,
+        confidence_threshold=threshold,
+    )
+    t = time.perf_counter()
+    state = processor.set_image(image)
+    t_embed = time.perf_counter() - t
+    h, w = image.shape[:2]
+    t = time.perf_counter()
+    if args.text is not None:
+        state = processor.set_text_prompt(args.text, state)
+    for box, label in [(b, True) for b in args.box] + [(b, False) for b in args.negative_box]:
+        state = processor.add_geometric_prompt(_xyxy_to_cxcywh_norm(box, h, w), label, state)
+    t_heads = time.perf_counter() - t
+
+    scores = state["scores"].numpy()
+    order = np.argsort(-scores, kind="stable")  # best first
+    masks = state["masks"].numpy()[order, 0]
+    boxes = state["boxes"].numpy()[order]
+    scores = scores[order]
+    (out / "masks").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "masks").glob("[0-9][0-9][0-9][0-9].png"):  # from an overwritten run
+        stale.unlink()
+    annotations = []
+    for i, (mask, box, score) in enumerate(zip(masks, boxes, scores, strict=True)):
+        save_mask_png(mask, out / "masks" / f"{i:04d}.png")
+        x0, y0, x1, y1 = (float(v) for v in box)
+        annotations.append(
+            {
+                "id": i,
+                "score": float(score),
+                "bbox": [x0, y0, x1 - x0, y1 - y0],  # COCO: x, y, width, height
+                "area": int(mask.sum()),
+                "segmentation": _coco_rle(mask),
+            }
+        )
+    prompt_boxes = np.asarray(args.box + args.negative_box, dtype=np.float64).reshape(-1, 4)
+    overlay(
+        image,
+        list(masks),
+        boxes=np.concatenate([boxes, prompt_boxes]) if len(prompt_boxes) else boxes,
+        captions=[f"{s:.2f}" for s in scores]
+        + ["+" for _ in args.box]
+        + ["-" for _ in args.negative_box],
+    ).save(out / "overlay.png")
+    doc = {
+        "image": str(args.image),
+        "height": h,
+        "width": w,
+        "checkpoint": str(args.checkpoint),
+        "model_type": "sam3",
+        "prompts": {
+            "text": args.text,
+            "boxes": args.box,
+            "negative_boxes": args.negative_box,
+        },
+        "confidence_threshold": threshold,
+        "annotations": annotations,
+        "seconds": {
+            "load": round(t_load, 3),
+            "image_embedding": round(t_embed, 3),
+            "prompt": round(t_heads, 4),
+        },
+    }
+    (out / "annotations.json").write_text(json.dumps(doc, indent=1) + "\n")
+    what = repr(args.text) if args.text is not None else f"{len(args.box)} exemplar box(es)"
+    print(
+        f"{len(annotations)} instance(s) of {what} above {threshold:g} -> {out}/masks/, "
+        "overlay.png, annotations.json (COCO RLE)"
     )
     return 0
 
@@ -327,28 +535,67 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bars")
     c.set_defaults(func=cmd_convert)
 
-    def model_args(q):
+    def model_args(q, sam3: bool = False):
         q.add_argument(
             "--checkpoint", default=None, help="converted .pdparams (or an official file)"
         )
         q.add_argument(
             "--model-type",
-            choices=types,
+            choices=[*types, "sam3"] if sam3 else types,
             default=None,
             help="default: from the checkpoint's sidecar or its weights",
         )
 
-    s = sub.add_parser("segment", help="segment one object from points and/or a box")
+    s = sub.add_parser(
+        "segment",
+        help="SAM v1: one object from points and/or a box; SAM 3: every instance of a "
+        "concept from --text and/or exemplar boxes",
+    )
     s.add_argument("image")
+    s.add_argument(
+        "--text",
+        default=None,
+        metavar="PHRASE",
+        help="SAM 3: a noun phrase, e.g. 'a dog'; every instance is segmented",
+    )
     s.add_argument(
         "--point",
         type=_point,
         action="append",
         default=[],
         metavar="X,Y[,LABEL]",
-        help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background",
+        help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background "
+        "(SAM v1, or a SAM 3 checkpoint with its tracker: predict_inst)",
     )
-    s.add_argument("--box", type=_box, default=None, metavar="X0,Y0,X1,Y1")
+    s.add_argument(
+        "--box",
+        type=_box,
+        action="append",
+        default=[],
+        metavar="X0,Y0,X1,Y1",
+        help="a box in pixels; SAM v1: the object (one box); SAM 3: an exemplar of the "
+        "concept (repeatable)",
+    )
+    s.add_argument(
+        "--negative-box",
+        type=_box,
+        action="append",
+        default=[],
+        metavar="X0,Y0,X1,Y1",
+        help="SAM 3: a counter-example box (repeatable)",
+    )
+    s.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=None,
+        help="SAM 3: keep instances scoring above this (default 0.5; 0 keeps every query)",
+    )
+    s.add_argument(
+        "--bpe",
+        default=None,
+        metavar="PATH",
+        help="SAM 3: BPE vocabulary (default: the copy shipped with paddle-sam)",
+    )
     mm = s.add_mutually_exclusive_group()
     mm.add_argument(
         "--multimask",
@@ -367,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a 'paddle-sam export' folder (Paddle Inference on the CPU, or onnxruntime "
         "for --format onnx)",
     )
-    model_args(s)
+    model_args(s, sam3=True)
     s.set_defaults(func=cmd_segment)
 
     x = sub.add_parser(

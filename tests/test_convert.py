@@ -18,6 +18,7 @@ import numpy as np
 import paddle
 import pytest
 from _pairs import TINY
+from conftest import find_reference_dir
 
 from paddle_sam.convert import checkpoint as ckpt
 from paddle_sam.convert.checkpoint import convert_checkpoint, load_sam, read_sidecar, sidecar_path
@@ -35,7 +36,7 @@ from paddle_sam.convert.torch_reader import (
 )
 from paddle_sam.models.build_sam import SAM_SPECS, SamSpec, build_sam, sam_model_registry
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REFERENCE = find_reference_dir()
 
 
 def _torch_layout(spec: SamSpec) -> dict[str, tuple[int, ...]]:

@@ -117,8 +117,15 @@ def test_rope_matches_complex_form():
         assert_close(rk, apply_rope(paddle.to_tensor(k.numpy()), cos, sin), max_abs=1e-5)
 
 
+@pytest.mark.parametrize("block", [None, 1600], ids=["one-block", "row-blocks"])
 @pytest.mark.parametrize("cfg", [VIT_TINY, VIT_PAD], ids=["tiled-windows", "padded-windows"])
-def test_vit_trunk(cfg):
+def test_vit_trunk(cfg, block, monkeypatch):
+    """``block`` forces the query-row-blocked attention that the full-size global blocks take
+    (2-3 query rows at a time here, the last block shorter)."""
+    if block is not None:
+        from paddle_sam.models.sam3 import vitdet
+
+        monkeypatch.setattr(vitdet, "_ATTN_BLOCK", block)
     ref = randomize(_ref_vit(**cfg), seed=1)
     ours = ViT(**cfg, drop_path_rate=0.0)
     load_from(ours, ref)

@@ -113,10 +113,12 @@ def test_released_layout_matches_the_model(released):
     assert conv.released_layout() == detector
 
 
-def _tiny_official(tmp_path: Path, seed: int = 0, dtype=None, extra=None) -> Path:
+def _tiny_official(
+    tmp_path: Path, seed: int = 0, dtype=None, extra=None, enable_inst_interactivity=False
+) -> Path:
     """A tiny checkpoint in the released layout, written by torch.save: {"model": {...}}."""
     torch = pytest.importorskip("torch")
-    state = conv.random_released_state_dict(TINY, seed)
+    state = conv.random_released_state_dict(TINY, seed, enable_inst_interactivity)
     tensors = {k: torch.from_numpy(v) for k, v in state.items()}
     if dtype is not None:
         tensors = {k: v if v.is_complex() else v.to(dtype) for k, v in tensors.items()}
@@ -300,3 +302,62 @@ def test_malformed_and_mismatched_files(tmp_path):
     with pytest.raises(ValueError, match="'vit_b' and spec .* do not describe SAM 3"):
         convert_checkpoint(path, tmp_path / "o.pdparams", "vit_b", spec=TINY, progress=False)
     assert not list(tmp_path.glob("o.pdparams*"))
+
+
+def test_released_tracker_heads_are_mapped(released):
+    """With instance interactivity, the released ``tracker.*`` keys of the SAM heads map onto
+    our ``Sam3TrackerHeads`` key for key and shape for shape; the rest of the tracker is the
+    video-only modules (VIDEO_ONLY), converted but left out when loading an image model; and
+    the tracker layout we derive from our model is the released one."""
+    expected = conv.expected_layout(enable_inst_interactivity=True)
+    shapes = conv.converted_shapes(released)
+    video = tuple(conv.VIDEO_ONLY)
+    assert {k: v for k, v in shapes.items() if not k.startswith(video)} == expected
+    dropped = {k for k in shapes if k.startswith(video)}
+    assert dropped and all(k.startswith(conv.INTERACTIVE_PREFIX) for k in dropped)
+    for prefix in video:  # each group exists in the released file
+        assert any(k.startswith(prefix) for k in dropped), prefix
+    heads = [k for k in expected if k.startswith(conv.INTERACTIVE_PREFIX)]
+    assert len(heads) == sum(
+        k.startswith(("tracker.sam_", "tracker.no_mem_embed")) for k in released
+    )
+
+    ours = conv.released_layout(enable_inst_interactivity=True)
+    want = {k: v for k, v in released.items() if k in ours or k.startswith("detector.")}
+    assert ours == want
+    rest = {k for k in released if k.startswith("tracker.") and k not in ours}
+    assert {conv.rename(k) for k in rest} == dropped
+
+
+def test_interactive_weights_load_from_released_layout(tmp_path):
+    """A released-layout file holding the tracker's heads and video-only keys: converted by the
+    CLI (heads checked strictly), loaded with enable_inst_interactivity=True (video-only keys
+    left out), values exact; a model without interactivity loads the same file."""
+    torch = pytest.importorskip("torch")
+    state = conv.random_released_state_dict(TINY, 3, enable_inst_interactivity=True)
+    assert any(k.startswith("tracker.sam_mask_decoder.") for k in state)
+    extra = {
+        "tracker.maskmem_tpos_enc": torch.randn(7, 1, 1, 64),
+        "tracker.transformer.encoder.layers.0.self_attn.q_proj.weight": torch.randn(256, 256),
+    }
+    path = _tiny_official(tmp_path, seed=3, extra=extra, enable_inst_interactivity=True)
+    out = tmp_path / "sam3_tiny.pdparams"
+
+    meta = convert_checkpoint(path, out, spec=TINY)
+    assert meta["interactive"] is True
+    model = build_sam3_image_model(spec=TINY, checkpoint_path=out, enable_inst_interactivity=True)
+    got = {k: v.numpy() for k, v in model.state_dict().items()}
+    key = "sam_mask_decoder.output_hypernetworks_mlps.0.layers.0.weight"
+    np.testing.assert_array_equal(got[conv.INTERACTIVE_PREFIX + key], state["tracker." + key].T)
+    key = "sam_prompt_encoder.point_embeddings.1.weight"
+    np.testing.assert_array_equal(got[conv.INTERACTIVE_PREFIX + key], state["tracker." + key])
+    assert not any(k.startswith(tuple(conv.VIDEO_ONLY)) for k in got)
+    plain = build_sam3_image_model(spec=TINY, checkpoint_path=out)
+    assert not any(k.startswith(conv.INTERACTIVE_PREFIX) for k in plain.state_dict())
+
+    # a tracker head missing from the file is named
+    broken = {k: v for k, v in state.items() if "iou_token" not in k}
+    bad = tmp_path / "broken.pt"
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in broken.items()}}, bad)
+    with pytest.raises(CheckpointMismatchError, match="iou_token"):
+        convert_checkpoint(bad, tmp_path / "broken.pdparams", spec=TINY)

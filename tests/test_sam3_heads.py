@@ -6,6 +6,8 @@ dot-product scoring and segmentation head, each fed the same inputs as its refer
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import paddle
 import pytest
@@ -456,3 +458,89 @@ def test_prompt_append_boxes():
     np.testing.assert_array_equal(r.box_embeddings.numpy(), o.box_embeddings.numpy())
     np.testing.assert_array_equal(r.box_labels.long().numpy(), o.box_labels.numpy())
     np.testing.assert_array_equal(r.box_mask.numpy(), o.box_mask.numpy())
+
+
+@pytest.fixture(scope="module")
+def interactive_pair():
+    """The official tracker's SAM heads (released sizes: 72x72 embedding, 256 channels) and
+    ours with the same perturbed weights, each inside its image predictor, holding the same
+    random image features."""
+    from sam3 import model_builder as mb
+    from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor as RefPredictor
+
+    from paddle_sam.models.sam3.interactive import (
+        SAM3InteractiveImagePredictor,
+        Sam3TrackerHeads,
+    )
+
+    with cpu_patches():
+        torch.manual_seed(0)
+        tracker = mb.build_tracker(apply_temporal_disambiguation=False).eval()
+        ref = RefPredictor(tracker)
+    heads = Sam3TrackerHeads()
+    for name in ("sam_prompt_encoder", "sam_mask_decoder"):
+        perturb_module_(getattr(tracker, name), scale=0.05)
+        load_from_torch(getattr(heads, name), getattr(tracker, name))
+    with torch.no_grad():
+        tracker.no_mem_embed.normal_(0, 0.1)
+    heads.no_mem_embed.set_value(tracker.no_mem_embed.detach().numpy())
+    ours = SAM3InteractiveImagePredictor(heads)
+    ours.eval()
+    # second-neck features as Sam3Processor.set_image leaves them (conv_s0/s1 applied)
+    fpn = [randn(1, 256, s, s, seed=s) for s in (288, 144, 72)]
+    pos = [randn(1, 256, s, s, seed=s + 1) for s in (288, 144, 72)]
+    with torch.no_grad():
+        fpn[0] = tracker.sam_mask_decoder.conv_s0(fpn[0])
+        fpn[1] = tracker.sam_mask_decoder.conv_s1(fpn[1])
+        _, feats, _, _ = tracker._prepare_backbone_features(
+            {"backbone_fpn": fpn, "vision_pos_enc": pos}
+        )
+        feats[-1] = feats[-1] + tracker.no_mem_embed
+        maps = [
+            f.permute(1, 2, 0).view(1, -1, *size)
+            for f, size in zip(feats, ref._bb_feat_sizes, strict=True)
+        ]
+    ref._features = {"image_embed": maps[-1], "high_res_feats": maps[:-1]}
+    ref._orig_hw, ref._is_image_set = [(300, 420)], True
+    ours.set_features(
+        {"backbone_fpn": [t2p(f) for f in fpn], "vision_pos_enc": [t2p(p) for p in pos]},
+        [(300, 420)],
+    )
+    return ref, ours
+
+
+INTERACTIVE_CASES = {
+    "one click, multimask": dict(point_coords=[[200.0, 150.0]], point_labels=[1]),
+    "clicks, single mask": dict(
+        point_coords=[[200.0, 150.0], [50.0, 60.0]], point_labels=[1, 0], multimask_output=False
+    ),
+    "box": dict(box=[100.0, 80.0, 300.0, 250.0], multimask_output=False),
+    "box + click, logits": dict(
+        box=[100.0, 80.0, 300.0, 250.0],
+        point_coords=[[150.0, 120.0]],
+        point_labels=[0],
+        return_logits=True,
+    ),
+    "two boxes": dict(box=[[10.0, 10.0, 90.0, 200.0], [100.0, 80.0, 300.0, 250.0]]),
+}
+
+
+@pytest.mark.parametrize("case", list(INTERACTIVE_CASES))
+def test_interactive_predictor(interactive_pair, case):
+    ref, ours = interactive_pair
+    kw = INTERACTIVE_CASES[case]
+    with cpu_patches(), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # upstream skips hole filling without cc_torch/skimage
+        r = ref.predict(**{k: np.asarray(v) if isinstance(v, list) else v for k, v in kw.items()})
+    ours.max_hole_area = 0.0  # same as the reference without a connected-components backend
+    o = ours.predict(**kw)
+    assert o[0].shape == r[0].shape and o[2].shape == r[2].shape
+    assert_close(r[1], o[1], max_abs=1e-5, name=f"{case}: iou")
+    assert_close(r[2], o[2], max_abs=1e-3, name=f"{case}: low-res logits")
+    if kw.get("return_logits"):
+        assert_close(r[0], o[0], max_abs=1e-3, name=f"{case}: masks")
+    else:
+        agree = (r[0] == o[0]).mean()
+        assert agree >= 0.9999, f"{case}: binary masks agree on {agree:.6f}"
+    with pytest.raises(RuntimeError, match="set_image"):
+        type(ours)(ours.model).predict(point_coords=[[1.0, 1.0]], point_labels=[1])

@@ -444,3 +444,27 @@ def test_set_image_batch(processors):
             assert_close(a, b[i : i + 1], max_abs=1e-4, name=f"batch image {i}")
     with pytest.raises(ValueError, match="set_image"):
         our_proc.set_text_prompt("x", state)
+
+
+def test_predict_inst_wiring(bpe_path):
+    """predict_inst runs on a Sam3Processor state: second-neck features projected once by
+    set_image, masks at the original size, three of them for one click."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_sam3_image_model(bpe_path=bpe_path, spec=TINY, enable_inst_interactivity=True)
+    processor = Sam3Processor(model, resolution=TINY.img_size)
+    state = processor.set_image(image(60, 90, seed=4))
+    sam2 = state["backbone_out"]["sam2_backbone_out"]
+    assert sam2["backbone_fpn"][0].shape[1] == TINY.d_model // 8  # conv_s0 applied
+    masks, ious, low_res = model.predict_inst(
+        state, point_coords=np.array([[30.0, 20.0]]), point_labels=np.array([1])
+    )
+    assert masks.shape == (3, 60, 90) and ious.shape == (3,)
+    assert low_res.shape == (3, 4 * TINY.img_size // 14, 4 * TINY.img_size // 14)
+    again = model.predict_inst(state, point_coords=np.array([[30.0, 20.0]]), point_labels=[1])
+    np.testing.assert_array_equal(low_res, again[2])
+    with pytest.raises(ValueError, match="enable_inst_interactivity"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain = build_sam3_image_model(bpe_path=bpe_path, spec=TINY)
+        plain.predict_inst(state, point_coords=np.array([[1.0, 1.0]]), point_labels=[1])

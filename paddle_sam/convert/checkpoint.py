@@ -13,6 +13,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,7 @@ def _convert_sam3(
     src: Path, dst: Path, state: dict, model_type: str | None, spec: Any, progress: bool
 ) -> dict:
     """SAM 3 (``detector.*`` / ``tracker.*``): convert every key, check the image model's part
+    (and, when the file has ``tracker.*`` keys, the tracker's SAM heads of ``predict_inst``)
     strictly against the model of ``spec`` (the released sizes by default), write it all."""
     from ..models.sam3 import build_sam3
 
@@ -156,12 +158,18 @@ def _convert_sam3(
     spec = build_sam3.SAM3_SPEC if spec is None else spec
     converted = sam3.convert_state_dict(state)
     del state
-    sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
+    interactive = any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted)
+    if interactive:  # the tracker's SAM heads too (predict_inst)
+        sam3.select_for_model(
+            converted, sam3.expected_layout(spec, enable_inst_interactivity=True), where=f"{src}: "
+        )
+    else:
+        sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
     meta = {
         "format": "paddle-sam/sam3",
         "model_type": "sam3",
         "spec": dataclasses.asdict(spec),
-        "interactive": any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted),
+        "interactive": interactive,
         "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": "official"},
         "converter_version": CONVERTER_VERSION,
         "paddle_version": paddle.__version__,
@@ -270,10 +278,72 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
     return build_sam(spec, checkpoint)
 
 
+def detect_family(checkpoint: str | os.PathLike) -> str | None:
+    """``"sam3"``, ``"sam"`` (SAM v1) or None (cannot tell cheaply) for a checkpoint file.
+
+    From the sidecar of a converted file; for official files from their key names without
+    reading the weights: the pickle of a zip ``.pt`` / ``.pth`` (scanned as bytes, never
+    unpickled) or the header of a ``.safetensors``. Legacy (non-zip) pickles and ``.pdparams``
+    without a sidecar give None."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    meta = read_sidecar(path)
+    if meta is not None and "model_type" in meta:
+        return "sam3" if meta["model_type"] == "sam3" else "sam"
+    if path.suffix == PADDLE_SUFFIX:
+        return None
+    needle = sam3.DETECTOR_PREFIX + "backbone."
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                pickles = [n for n in zf.namelist() if n.endswith("/data.pkl")]
+                if len(pickles) != 1:
+                    return None
+                return "sam3" if needle.encode() in zf.read(pickles[0]) else "sam"
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) == 8:
+                n = int.from_bytes(head, "little")
+                if 2 <= n <= (100 << 20):
+                    header = f.read(n)
+                    if header[:1] == b"{":
+                        return "sam3" if needle.encode() in header else "sam"
+    except (OSError, zipfile.BadZipFile):
+        return None
+    return None
+
+
+def load_sam3(
+    checkpoint: str | os.PathLike,
+    bpe_path: str | os.PathLike | None = None,
+    enable_inst_interactivity: bool = False,
+):
+    """Build and strictly load a SAM 3 image model, its sizes from the sidecar if present
+    (the released sizes otherwise)."""
+    from ..models.sam3 import build_sam3
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    meta = read_sidecar(checkpoint) or {}
+    if meta.get("model_type", "sam3") != "sam3":
+        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
+    spec = build_sam3.Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else build_sam3.SAM3_SPEC
+    return build_sam3.build_sam3_image_model(
+        bpe_path=bpe_path,
+        checkpoint_path=checkpoint,
+        enable_inst_interactivity=enable_inst_interactivity,
+        spec=spec,
+    )
+
+
 __all__ = [
     "CheckpointError",
     "CheckpointFormatError",
     "convert_checkpoint",
+    "detect_family",
+    "load_sam3",
     "load_sam",
     "load_sam_weights",
     "read_sidecar",

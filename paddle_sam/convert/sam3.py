@@ -66,6 +66,26 @@ INTERACTIVE_ONLY = {
     INTERACTIVE_PREFIX: "SAM 2 style tracker used by predict_inst",
 }
 
+# Parts of the released tracker that only video tracking uses (memory encoder, memory
+# attention, object pointers): converted and kept in a .pdparams, but an image model with
+# instance interactivity holds only the tracker's SAM heads (``Sam3TrackerHeads``:
+# ``sam_prompt_encoder``, ``sam_mask_decoder``, ``no_mem_embed``), so they are left out when
+# loading it.
+VIDEO_ONLY = {
+    INTERACTIVE_PREFIX + name: "video tracking only (not used by predict_inst)"
+    for name in (
+        "maskmem_backbone.",
+        "maskmem_tpos_enc",
+        "transformer.",
+        "no_mem_pos_enc",
+        "no_obj_embed_spatial",
+        "no_obj_ptr",
+        "obj_ptr_proj.",
+        "obj_ptr_tpos_proj.",
+        "mask_downsample.",
+    )
+}
+
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
@@ -188,11 +208,14 @@ def select_for_model(
     where: str = "",
 ) -> dict[str, np.ndarray]:
     """The part of a converted state dict that a model with parameter shapes ``expected``
-    holds, checked strictly: interactive-only groups (:data:`INTERACTIVE_ONLY`) are left out
-    when the model has none of their keys; anything else missing, unexpected or mis-shaped
-    raises :class:`CheckpointMismatchError` naming the keys."""
+    holds, checked strictly: interactive-only groups (:data:`INTERACTIVE_ONLY`) and the
+    tracker's video-only modules (:data:`VIDEO_ONLY`) are left out when the model has none of
+    their keys; anything else missing, unexpected or mis-shaped raises
+    :class:`CheckpointMismatchError` naming the keys."""
     skip = {
-        prefix for prefix in INTERACTIVE_ONLY if not any(k.startswith(prefix) for k in expected)
+        prefix
+        for prefix in (*INTERACTIVE_ONLY, *VIDEO_ONLY)
+        if not any(k.startswith(prefix) for k in expected)
     }
     state = {k: v for k, v in converted.items() if not k.startswith(tuple(skip))}
     check_keys(expected, state, where=where)
@@ -282,22 +305,33 @@ def read_sam3_weights(
 
 def load_state_strict(model: paddle.nn.Layer, state: Mapping[str, np.ndarray]) -> None:
     """Set ``model``'s weights from a Paddle-layout state dict: every key present, nothing
-    extra, shapes equal (:class:`CheckpointMismatchError` otherwise)."""
-    check_keys(model_shapes(model), state)
-    model.set_state_dict(
-        {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
-    )
+    extra, shapes equal (:class:`CheckpointMismatchError` otherwise).
+
+    Tensors are copied in one at a time, and a mutable ``state`` (a ``dict``) is emptied as it
+    goes: the full-size model (3.4 GB) then never exists three times over (arrays, temporary
+    tensors, parameters), only the parameters plus what remains to be copied."""
+    targets = model.state_dict()
+    check_keys({k: tuple(int(d) for d in v.shape) for k, v in targets.items()}, state)
+    pop = isinstance(state, dict)
+    for key in list(state):
+        value = state.pop(key) if pop else state[key]
+        targets[key].set_value(np.asarray(value, dtype=np.float32))
+        del value
 
 
 _QKV_KEY = re.compile(r"^(.*)\.([qkv])_proj\.(weight|bias)$")
 
 
-def released_layout(spec: Any = None) -> dict[str, tuple[tuple[int, ...], str]]:
+def released_layout(
+    spec: Any = None, enable_inst_interactivity: bool = False
+) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{key: (torch shape, dtype)}`` of the ``detector.*`` part of an official checkpoint
     for ``spec`` (released sizes by default): fused in_proj, ``[out, in]`` Linear weights, the
     second neck (``sam2_convs``) and complex64 ``freqs_cis`` tables, as ``sam3.pt`` holds them.
+    With ``enable_inst_interactivity`` also the ``tracker.*`` SAM heads (prompt encoder, mask
+    decoder, ``no_mem_embed``; not the video-only modules of :data:`VIDEO_ONLY`).
     Built from our model, so :func:`plan` applied to it must give the model's layout back."""
-    return _released_layout(_build_lazy(spec))
+    return _released_layout(_build_lazy(spec, enable_inst_interactivity))
 
 
 def _released_layout(model: paddle.nn.Layer) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -305,6 +339,10 @@ def _released_layout(model: paddle.nn.Layer) -> dict[str, tuple[tuple[int, ...],
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     fused: dict[str, list[int]] = {}
     for key, shape in model_shapes(model).items():
+        if key.startswith(INTERACTIVE_PREFIX):  # tracker: q/k/v kept apart upstream too
+            tracker_key = TRACKER_PREFIX + key[len(INTERACTIVE_PREFIX) :]
+            out[tracker_key] = (shape[::-1] if key in linear else shape, "float32")
+            continue
         m = _QKV_KEY.match(key)
         if m:  # Paddle weight [in, out] / bias [out] -> rows of torch's in_proj
             fused.setdefault(f"{m.group(1)}.in_proj_{m.group(3)}", [0, *shape[:-1]])[0] += shape[-1]
@@ -327,12 +365,15 @@ def _rope_layers(model: paddle.nn.Layer) -> dict[str, paddle.nn.Layer]:
     return {f"{prefix}.{i}.attn.freqs_cis": b.attn for i, b in enumerate(blocks) if b.attn.use_rope}
 
 
-def random_released_state_dict(spec: Any = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights in the official ``sam3.pt`` layout (detector part, see
-    :func:`released_layout`), for demos and tests that need an "official" file without torch.
-    ``freqs_cis`` hold the true RoPE tables; the model built from these weights is meaningless.
+def random_released_state_dict(
+    spec: Any = None, seed: int = 0, enable_inst_interactivity: bool = False
+) -> dict[str, np.ndarray]:
+    """Random weights in the official ``sam3.pt`` layout (detector part, and with
+    ``enable_inst_interactivity`` the tracker's SAM heads; see :func:`released_layout`), for
+    demos and tests that need an "official" file without torch. ``freqs_cis`` hold the true
+    RoPE tables; the model built from these weights is meaningless.
     """
-    model = _build_lazy(spec)
+    model = _build_lazy(spec, enable_inst_interactivity)
     rope = _rope_layers(model)
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}

@@ -126,7 +126,18 @@ class Sam3Processor:
         state["backbone_out"] = self.model.backbone.forward_image(
             self._preprocess(array).unsqueeze(0)
         )
+        self._project_sam2_features(state["backbone_out"])
         return state
+
+    def _project_sam2_features(self, backbone_out: dict) -> None:
+        """With the interactive predictor, run its decoder's 1x1 projections of the two finest
+        second-neck levels once per image (upstream does it here too)."""
+        sam2 = backbone_out.get("sam2_backbone_out")
+        if self.model.inst_interactive_predictor is None or sam2 is None:
+            return
+        decoder = self.model.inst_interactive_predictor.model.sam_mask_decoder
+        sam2["backbone_fpn"][0] = decoder.conv_s0(sam2["backbone_fpn"][0])
+        sam2["backbone_fpn"][1] = decoder.conv_s1(sam2["backbone_fpn"][1])
 
     @paddle.no_grad()
     def set_image_batch(self, images: list, state: dict | None = None) -> dict:
@@ -139,6 +150,7 @@ class Sam3Processor:
         state["original_widths"] = [a.shape[1] for a in arrays]
         batch = paddle.stack([self._preprocess(a) for a in arrays])
         state["backbone_out"] = self.model.backbone.forward_image(batch)
+        self._project_sam2_features(state["backbone_out"])
         return state
 
     @paddle.no_grad()

@@ -7,6 +7,7 @@ downloads anything: pass ``checkpoint_path`` (an official ``sam3.pt`` or a conve
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -53,6 +54,15 @@ class Sam3Spec:
     num_queries: int = 200
     geometry_layers: int = 3
     upsampling_stages: int = 3
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sam3Spec:
+        """The spec of a ``dataclasses.asdict`` dict (a converted checkpoint's sidecar)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown Sam3Spec fields: {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 SAM3_SPEC = Sam3Spec()
@@ -221,6 +231,20 @@ def build_geometry_encoder(spec: Sam3Spec) -> SequenceGeometryEncoder:
     )
 
 
+def build_interactive_predictor(spec: Sam3Spec):
+    """The SAM 1 task predictor of ``predict_inst`` (tracker prompt encoder + mask decoder)."""
+    from .interactive import SAM3InteractiveImagePredictor, Sam3TrackerHeads
+
+    heads = Sam3TrackerHeads(
+        image_size=spec.img_size,
+        backbone_stride=spec.patch_size,
+        hidden_dim=spec.d_model,
+        num_heads=spec.num_heads,
+        mlp_dim=spec.dim_feedforward,
+    )
+    return SAM3InteractiveImagePredictor(heads)
+
+
 def build_sam3_image_model(
     bpe_path: str | os.PathLike | None = None,
     device: str | None = None,
@@ -245,10 +269,6 @@ def build_sam3_image_model(
             "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
             "converted .pdparams)"
         )
-    if enable_inst_interactivity:
-        raise NotImplementedError(
-            "the interactive point/box predictor (predict_inst) is not ported yet"
-        )
     if device is not None:
         paddle.set_device(device)
     model = Sam3Image(
@@ -261,7 +281,9 @@ def build_sam3_image_model(
         dot_prod_scoring=build_dot_product_scoring(spec),
         use_instance_query=False,
         multimask_output=True,
-        inst_interactive_predictor=None,
+        inst_interactive_predictor=(
+            build_interactive_predictor(spec) if enable_inst_interactivity else None
+        ),
     )
     if checkpoint_path is not None:
         load_sam3_weights(model, checkpoint_path, spec)

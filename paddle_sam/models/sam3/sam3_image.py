@@ -256,6 +256,26 @@ class Sam3Image(nn.Layer):
         )
         return out
 
+    def predict_inst(self, inference_state: dict[str, Any], **kwargs: Any):
+        """SAM 1 style prediction (points, boxes, mask input) on the image of
+        ``inference_state`` (from ``Sam3Processor.set_image``); ``kwargs`` are those of
+        ``SAM3InteractiveImagePredictor.predict``. Returns ``(masks, ious, low_res_logits)``."""
+        predictor = self.inst_interactive_predictor
+        if predictor is None:
+            raise ValueError(
+                "this model has no interactive predictor: build it with "
+                "enable_inst_interactivity=True"
+            )
+        backbone_out = inference_state.get("backbone_out", {}).get("sam2_backbone_out")
+        if backbone_out is None or "original_height" not in inference_state:
+            raise ValueError("predict_inst needs a state from Sam3Processor.set_image")
+        hw = (inference_state["original_height"], inference_state["original_width"])
+        predictor.set_features(backbone_out, [hw])
+        try:
+            return predictor.predict(**kwargs)
+        finally:
+            predictor.reset_predictor()
+
     def _get_dummy_prompt(self, num_prompts: int = 1) -> Prompt:
         return Prompt(
             box_embeddings=paddle.zeros([0, num_prompts, 4], "float32"),

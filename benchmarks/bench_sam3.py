@@ -1,0 +1,428 @@
+"""SAM 3 on the CPU: paddle_sam's ``Sam3Processor`` against the official PyTorch ``sam3``
+``Sam3Processor``, same full-size random weights.
+
+    python benchmarks/bench_sam3.py [--repeats 2] [--prompts 3] [--rounds 2] [--threads N]
+        [--impl paddle,torch] [--out benchmarks/results]
+
+The parent process has a worker write one set of weights: the official full-size image model
+built by sam3's builder, every Linear redrawn from N(0, 1/fan_in) and every tensor perturbed
+(as tests/test_full_size_sam3.py; upstream's bare init leaves the text encoder's
+``torch.empty`` tensors uninitialised), saved in the released layout (``{"model":
+{"detector.*": ...}}``) and converted to ``.pdparams`` with paddle_sam's converter. Then each
+implementation runs in its own subprocess (``--worker paddle|torch``), interleaved for
+``--rounds`` rounds; the median per implementation is reported, warm-up calls excluded. Each
+worker prints one JSON line.
+
+This is a measurement, not a test: it has no thresholds and exits 0 whatever the ratios. The
+machine description, CSV number format and child-process plumbing are bench_sam_v1's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # _sam3_ref (torch side)
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
+
+import bench_sam_v1 as v1  # noqa: E402  (keeps the environment as it was: v1._BASE_ENV)
+import numpy as np  # noqa: E402
+
+IMPLS = ("paddle", "torch")
+IMAGE_HW = (768, 1024)
+TEXTS = ("a yellow school bus", "the dog on the left", "a red car", "person", "traffic light")
+BOXES = ((0.45, 0.5, 0.3, 0.4), (0.3, 0.3, 0.2, 0.25), (0.6, 0.7, 0.25, 0.2))  # cx, cy, w, h
+Metric = v1.Metric
+METRICS = (
+    Metric("import_s", "import framework + package (s)", digits=2),
+    Metric("load_s", "model load: build + weights (s)", digits=2),
+    Metric("set_image_first_s", "set_image, first call (s)", digits=2),
+    Metric("set_image_s", f"set_image {IMAGE_HW[0]}x{IMAGE_HW[1]} (s)", digits=2),
+    Metric("text_s", "text prompt, threshold 0.5 (s)", digits=3),
+    Metric("text_all_s", "text prompt, all 200 queries (s)", digits=3),
+    Metric("box_s", "box prompt, threshold 0.5 (s)", digits=3),
+    Metric("peak_rss_mb", "peak RSS (MB)", digits=0),
+)
+
+
+# --------------------------------------------------------------------------------- workers
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) -> dict:
+    """The same calls on both processors: set_image, then text and box prompts."""
+    from PIL import Image
+
+    image = Image.fromarray(v1.make_image(IMAGE_HW))  # upstream takes PIL (or a CHW tensor)
+    state: dict = {}
+
+    def set_image() -> None:
+        processor.set_image(image, state)
+        to_numpy(state["backbone_out"]["vision_features"])
+
+    first = _timed(set_image)
+    set_times = [_timed(set_image) for _ in range(args.repeats)]
+
+    def prompt(kind: str, i: int) -> float:
+        def call() -> None:
+            processor.reset_all_prompts(state)
+            if kind == "box":
+                processor.add_geometric_prompt(list(BOXES[i % len(BOXES)]), True, state)
+            else:
+                processor.set_text_prompt(TEXTS[i % len(TEXTS)], state)
+            to_numpy(state["scores"])
+
+        return _timed(call)
+
+    out: dict[str, Any] = {
+        "set_image_first_s": first,
+        "set_image_s": statistics.median(set_times),
+        "set_image_all_s": set_times,
+    }
+    for key, kind, threshold in (
+        ("text_s", "text", 0.5),
+        ("text_all_s", "text", 0.0),
+        ("box_s", "box", 0.5),
+    ):
+        processor.set_confidence_threshold(threshold)
+        prompt(kind, 0)  # warm-up, excluded
+        times = [prompt(kind, i) for i in range(1, args.prompts + 1)]
+        out[key] = statistics.median(times)
+        out[key + "_all"] = times
+        out[key + "_kept"] = int(to_numpy(state["scores"]).shape[0])
+    processor.set_confidence_threshold(0.0)
+    processor.reset_all_prompts(state)
+    processor.set_text_prompt(TEXTS[0], state)
+    scores = to_numpy(state["scores"])
+    out["check_scores"] = [float(scores.mean()), float(scores.std()), float(scores.max())]
+    out["check_boxes_mean"] = float(to_numpy(state["boxes"]).mean())
+    return out
+
+
+def run_paddle_worker(args) -> dict:
+    t0 = time.perf_counter()
+    import paddle_sam  # first: it applies its CPU defaults before paddle loads
+
+    import_s = time.perf_counter() - t0
+    import paddle
+
+    from paddle_sam._runtime import get_num_threads
+
+    paddle.set_device("cpu")
+    if args.threads:
+        paddle_sam.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model = paddle_sam.build_sam3_image_model(checkpoint_path=args.checkpoint)
+    load_s = time.perf_counter() - t0
+    processor = paddle_sam.Sam3Processor(model)
+    with paddle.no_grad():
+        result = time_processor(processor, lambda t: t.numpy(), args)
+    return {
+        "impl": "paddle",
+        "version": paddle.__version__,
+        "threads": get_num_threads(),
+        "import_s": import_s,
+        "load_s": load_s,
+        **result,
+    }
+
+
+def run_torch_worker(args) -> dict:
+    t0 = time.perf_counter()
+    import torch
+    from sam3 import model_builder
+    from sam3.model.sam3_image_processor import Sam3Processor
+
+    import_s = time.perf_counter() - t0
+    from _sam3_ref import cpu_patches  # sam3 0.1.4's three CUDA-only spots (DESIGN.md 2)
+
+    from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with cpu_patches(), torch.inference_mode():
+        t0 = time.perf_counter()
+        model = model_builder.build_sam3_image_model(
+            bpe_path=str(DEFAULT_BPE_PATH),
+            device="cpu",
+            checkpoint_path=args.checkpoint,
+            load_from_HF=False,
+        )
+        load_s = time.perf_counter() - t0
+        processor = Sam3Processor(model, device="cpu")
+        result = time_processor(processor, lambda t: t.float().numpy(), args)
+    return {
+        "impl": "torch",
+        "version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "import_s": import_s,
+        "load_s": load_s,
+        **result,
+    }
+
+
+def worker_main(args) -> None:
+    result = {"paddle": run_paddle_worker, "torch": run_torch_worker}[args.worker](args)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB
+    print(v1.RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# --------------------------------------------------------------------------------- weights
+
+
+def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
+    """One set of full-size weights, as the file each implementation loads: {impl: path}."""
+    from paddle_sam.convert import sam3 as conv
+    from paddle_sam.convert.checkpoint import convert_checkpoint, save_pdparams
+
+    pdparams = tmp / "sam3.pdparams"
+    paths: dict[str, Path] = {}
+    if "torch" not in impls:  # no torch needed: random weights in the released layout
+        state = conv.convert_state_dict(conv.random_released_state_dict(seed=v1.SEED))
+        save_pdparams(state, pdparams, {"model_type": "sam3"})
+    else:
+        import torch
+        from _sam3_ref import cpu_patches, fan_in_init_, perturb_module_
+        from sam3 import model_builder
+
+        from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+
+        with cpu_patches(), torch.no_grad():
+            torch.manual_seed(v1.SEED)
+            ref = model_builder.build_sam3_image_model(
+                bpe_path=str(DEFAULT_BPE_PATH),
+                device="cpu",
+                checkpoint_path=None,
+                load_from_HF=False,
+            )
+            perturb_module_(fan_in_init_(ref, seed=v1.SEED), seed=v1.SEED, scale=0.02)
+            pt = tmp / "sam3.pt"
+            torch.save({"model": {f"detector.{k}": v for k, v in ref.state_dict().items()}}, pt)
+        del ref
+        paths["torch"] = pt
+        convert_checkpoint(pt, pdparams, progress=False)
+    if "paddle" in impls:
+        paths["paddle"] = pdparams
+    return paths
+
+
+# --------------------------------------------------------------------------------- parent
+
+
+def run_child(argv: list[str], label: str) -> dict:
+    """Run this script with ``argv`` in a fresh interpreter; return its JSON result line."""
+    cmd = [sys.executable, os.path.abspath(__file__), *argv]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=v1._BASE_ENV, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(v1.RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise RuntimeError(f"{label} failed (exit {proc.returncode}): {' '.join(cmd)}")
+    print(f"  {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return json.loads(lines[-1][len(v1.RESULT_PREFIX) :])
+
+
+def collect(args, weights: dict[str, Path]) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {impl: [] for impl in args.impl}
+    for r in range(1, args.rounds + 1):
+        for impl in args.impl:
+            argv = ["--worker", impl, "--checkpoint", str(weights[impl])]
+            argv += ["--repeats", str(args.repeats), "--prompts", str(args.prompts)]
+            if args.threads:
+                argv += ["--threads", str(args.threads)]
+            load_before = os.getloadavg()[0]
+            result = run_child(argv, f"round {r}/{args.rounds} {impl}")
+            runs[impl].append({**result, "load_avg_1min_before": load_before})
+    return runs
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    return {
+        m.key: {
+            impl: statistics.median(r[m.key] for r in rs) * m.scale
+            for impl, rs in runs.items()
+            if rs
+        }
+        for m in METRICS
+    }
+
+
+def ratio(values: dict[str, float]) -> float | None:
+    if "paddle" in values and values.get("torch", 0) > 0:
+        return values["paddle"] / values["torch"]
+    return None
+
+
+def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
+    rows = []
+    for m in METRICS:
+        vals, r = summary[m.key], ratio(summary[m.key])
+        rows.append(
+            [m.label]
+            + [f"{vals[i]:.{m.digits}f}" if i in vals else "-" for i in IMPLS]
+            + ["-" if r is None else f"{r:.2f}"]
+        )
+    return rows
+
+
+def format_table(rows: list[list[str]], markdown: bool) -> str:
+    header = ["metric", "paddle_sam", "torch (official sam3)", "paddle/torch"]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
+
+    def fmt(row: list[str]) -> str:
+        cells = zip(row, widths, strict=True)
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells))
+
+    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+def machine_info(args, runs: dict[str, list[dict]], started: dt.datetime) -> list[tuple[str, str]]:
+    threads = ", ".join(f"{impl} {rs[0].get('threads')}" for impl, rs in runs.items() if rs) + (
+        " (--threads)" if args.threads else " (each framework's default)"
+    )
+    return [
+        ("date", started.isoformat(timespec="seconds")),
+        ("cpu", v1._cpu_model()),
+        ("cores (affinity)", str(len(os.sched_getaffinity(0)))),
+        ("ram", v1._ram_gib()),
+        ("load average at start", " ".join(f"{x:.2f}" for x in os.getloadavg())),
+        ("python", platform.python_version()),
+        ("paddlepaddle", v1._version("paddlepaddle")),
+        ("paddle-sam", v1._version("paddle-sam")),
+        ("torch", v1._version("torch")),
+        ("sam3", v1._version("sam3")),
+        ("threads", threads),
+        (
+            "settings",
+            f"SAM 3 image model, full size, random weights; image {IMAGE_HW[0]}x{IMAGE_HW[1]}, "
+            f"repeats {args.repeats}, prompts {args.prompts}, rounds {args.rounds} "
+            "(median of rounds)",
+        ),
+    ]
+
+
+def notes(runs: dict[str, list[dict]]) -> list[str]:
+    out = []
+    if runs.get("torch") and runs.get("paddle"):
+        p, t = runs["paddle"][0], runs["torch"][0]
+        out.append(
+            "output check (same weights, text prompt, all queries): scores mean/std/max "
+            f"paddle {'/'.join(f'{v:.5f}' for v in p['check_scores'])}, torch "
+            f"{'/'.join(f'{v:.5f}' for v in t['check_scores'])}; mean box "
+            f"{p['check_boxes_mean']:.2f} vs {t['check_boxes_mean']:.2f} px; instances kept at "
+            f"0.5: text {p['text_s_kept']} vs {t['text_s_kept']}, box {p['box_s_kept']} vs "
+            f"{t['box_s_kept']}"
+        )
+    for impl, rs in runs.items():
+        for i, r in enumerate(rs, 1):
+            out.append(
+                f"{impl} round {i}: load {r['load_s']:.1f} s, set_image "
+                f"{' / '.join(f'{v:.1f}' for v in r['set_image_all_s'])} s, text "
+                f"{' / '.join(f'{v:.2f}' for v in r['text_s_all'])} s, text (all) "
+                f"{' / '.join(f'{v:.2f}' for v in r['text_all_s_all'])} s, box "
+                f"{' / '.join(f'{v:.2f}' for v in r['box_s_all'])} s, peak RSS "
+                f"{r['peak_rss_mb']:.0f} MB (1-min load average before: "
+                f"{r['load_avg_1min_before']:.2f})"
+            )
+    return out
+
+
+def write_outputs(out_dir: Path, stem: str, summary, info, rows, lines) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["metric", "label", *IMPLS, "ratio_paddle_over_torch"])
+        for m in METRICS:
+            vals = summary[m.key]
+            w.writerow(
+                [m.key, m.label]
+                + [v1._csv_num(vals.get(i)) for i in IMPLS]
+                + [v1._csv_num(ratio(vals))]
+            )
+    md = [f"# SAM 3 CPU benchmark: {stem}", ""]
+    md += [f"- **{k}**: {v}" for k, v in info]
+    md += ["", format_table(rows, markdown=True), "", "Ratio < 1: paddle_sam is faster / smaller."]
+    md += ["", *[f"- {n}" for n in lines]]
+    md_path.write_text("\n".join(md) + "\n")
+    return csv_path, md_path
+
+
+def parent_main(args) -> None:
+    started = dt.datetime.now().astimezone()
+    with tempfile.TemporaryDirectory(prefix="bench_sam3_") as tmp:
+        print(f"writing full-size SAM 3 weights to {tmp}", file=sys.stderr, flush=True)
+        prepare = ["--worker", "prepare", "--checkpoint", tmp, "--impl", ",".join(args.impl)]
+        weights = {k: Path(v) for k, v in run_child(prepare, "weights").items()}
+        runs = collect(args, weights)
+    summary = summarise(runs)
+    info = machine_info(args, runs, started)
+    rows = table_rows(summary)
+    lines = notes(runs)
+    print()
+    print("\n".join(f"{k:>22}: {v}" for k, v in info))
+    print()
+    print(format_table(rows, markdown=False))
+    print("\nratio < 1: paddle_sam is faster / smaller")
+    print("\n".join(lines))
+    stem = f"sam3_{started.strftime('%Y%m%d-%H%M%S')}"
+    csv_path, md_path = write_outputs(Path(args.out), stem, summary, info, rows, lines)
+    print(f"\nwrote {csv_path}\nwrote {md_path}")
+
+
+def parse_impls(text: str) -> tuple[str, ...]:
+    impls = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not impls or any(i not in IMPLS for i in impls):
+        raise argparse.ArgumentTypeError(f"--impl takes a comma list of paddle,torch: {text!r}")
+    return impls
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=v1.positive, default=2, help="timed set_image calls")
+    p.add_argument("--prompts", type=v1.positive, default=3, help="timed calls per prompt kind")
+    p.add_argument("--rounds", type=v1.positive, default=2, help="interleaved runs per impl")
+    p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for both")
+    p.add_argument("--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,torch")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker == "prepare":
+        paths = write_weights(args.impl, Path(args.checkpoint))
+        print(v1.RESULT_PREFIX + json.dumps({k: str(v) for k, v in paths.items()}), flush=True)
+    elif args.worker:
+        worker_main(args)
+    else:
+        parent_main(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
