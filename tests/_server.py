@@ -57,7 +57,7 @@ class ThreadedServer:
         self.thread.join(timeout=15)
 
 
-def tiny_sam3_model(seed: int = 0):
+def tiny_sam3_model(seed: int = 0, interactive: bool = False):
     """A SAM 3 image model at the tiny test sizes (tests/test_sam3_model.py), random weights,
     with the bundled BPE vocabulary."""
     import warnings
@@ -87,7 +87,9 @@ def tiny_sam3_model(seed: int = 0):
     paddle.seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the weights are random": on purpose
-        return build_sam3_image_model(bpe_path=DEFAULT_BPE_PATH, spec=spec)
+        return build_sam3_image_model(
+            bpe_path=DEFAULT_BPE_PATH, spec=spec, enable_inst_interactivity=interactive
+        )
 
 
 def sam3_reference(model, image, text=None, box_cxcywh=None, threshold=0.0):

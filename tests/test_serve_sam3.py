@@ -1,5 +1,6 @@
 """SAM 3 behind the service: text and exemplar-box prompts give Sam3Processor's answers;
-points, previous masks and "everything" are refused with their reason; sessions stay apart."""
+clicks give predict_inst's when the model has the interactive predictor and are refused with
+their reason otherwise, as are "everything" and points mixed with text; sessions stay apart."""
 
 from __future__ import annotations
 
@@ -115,10 +116,12 @@ def test_nothing_found_is_an_empty_answer(model, images):
 def test_refused_prompts_name_the_reason(model, images):
     with client_for(model, 0.5) as c:
         sid = upload(c, images["a"])
-        for body in ({"points": [[5, 5]]}, {"points": [[5, 5]], "text": "a dog"}):
-            r = c.post(f"/sessions/{sid}/prompt", json=body)
-            assert_error(r, 400, "points_not_supported", "predict_inst", "text", "box")
-        r = c.post(f"/sessions/{sid}/prompt", json={"text": "a dog", "previous_mask": True})
+        r = c.post(f"/sessions/{sid}/prompt", json={"points": [[5, 5]]})
+        assert_error(r, 400, "points_not_supported", "predict_inst", "text", "box")
+        r = c.post(f"/sessions/{sid}/prompt", json={"points": [[5, 5]], "text": "a dog"})
+        assert_error(r, 400, "invalid_prompt", "points and text")
+        assert c.post(f"/sessions/{sid}/prompt", json={"text": "a dog"}).status_code == 200
+        r = c.post(f"/sessions/{sid}/prompt", json={"previous_mask": True})
         assert_error(r, 400, "mask_not_supported", "predict_inst")
         r = c.post(f"/sessions/{sid}/everything", json={})
         assert_error(r, 400, "not_supported", "not supported for SAM 3")
@@ -161,3 +164,49 @@ def test_serve_command_line_for_sam3(capsys):
     assert "--model-type sam3 needs --checkpoint" in capsys.readouterr().err
     assert main(["serve", "--bpe", "vocab.txt.gz", "--port", "0", "--checkpoint", "x"]) != 0
     assert "apply to --model-type sam3 only" in capsys.readouterr().err
+
+
+def test_clicks_go_to_predict_inst(images):
+    """A model with the interactive predictor answers clicks (and a click + previous mask)
+    with predict_inst's candidates on the same image state; text still finds instances."""
+    from paddle_sam.predict.sam3_processor import Sam3Processor
+
+    model = tiny_sam3_model(seed=1, interactive=True)
+    img = images["b"]
+    proc = Sam3Processor(model, resolution=112)
+    state = proc.set_image(img)
+    pts, lbl = np.array([[40.0, 60.0], [80.0, 20.0]]), np.array([1, 0])
+    want_m, want_s, want_low = model.predict_inst(state, point_coords=pts, point_labels=lbl)
+    best = int(np.argmax(want_s))
+    refined = model.predict_inst(
+        state,
+        point_coords=pts[:1],
+        point_labels=lbl[:1],
+        mask_input=want_low[best : best + 1],
+        multimask_output=False,
+    )
+    with client_for(model, 0.0) as c:
+        assert c.get("/health").json()["model"]["takes_points"] is True
+        sid = upload(c, img)
+        r = c.post(
+            f"/sessions/{sid}/prompt",
+            json={"points": pts.tolist(), "labels": [1, 0], "multimask": True},
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["instances"] is False and len(body["masks"]) == 3 == len(want_s)
+        np.testing.assert_allclose([m["score"] for m in body["masks"]], want_s, rtol=1e-6)
+        for m, want in zip(body["masks"], want_m, strict=True):
+            np.testing.assert_array_equal(decode_mask_png(base64.b64decode(m["png"])), want > 0.5)
+        r = c.post(
+            f"/sessions/{sid}/prompt",
+            json={"points": [pts[0].tolist()], "previous_mask": True, "multimask": False},
+        )
+        assert r.status_code == 200, r.text
+        (got,) = r.json()["masks"]
+        np.testing.assert_allclose(got["score"], refined[1][0], rtol=1e-6)
+        np.testing.assert_array_equal(
+            decode_mask_png(base64.b64decode(got["png"])), refined[0][0] > 0.5
+        )
+        r = c.post(f"/sessions/{sid}/prompt", json={"text": "a dog"})
+        assert r.status_code == 200 and r.json()["instances"] is True

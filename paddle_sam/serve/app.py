@@ -186,6 +186,13 @@ class ModelService:
         self.lock.acquire()
 
 
+def _interactive(predictor: Any, text: str | None, has_points: bool, has_mask: bool) -> bool:
+    """Whether a model that answers with instances (SAM 3) answers this request with one
+    object's candidate masks instead (its interactive path)."""
+    decide = getattr(predictor, "is_interactive", None)
+    return bool(decide(text, has_points, has_mask)) if decide is not None else False
+
+
 # -- "everything": automatic mask generation as a background job -------------------------
 
 
@@ -704,7 +711,8 @@ def create_app(
         return {
             "session_id": s.id,
             "best": best,
-            "instances": service.returns_instances,
+            "instances": service.returns_instances
+            and not _interactive(service.predictor, req.text, bool(req.points), req.previous_mask),
             "masks": out_masks,
             "timings_ms": {
                 "model": round(t_model * 1e3, 2),

@@ -11,11 +11,15 @@ What a request does:
 - ``text`` and ``box``: the same, with the box as a positive exemplar of what is meant;
 - ``box`` alone: SAM 3's exemplar search (the text encoder is prompted with "visual", as
   upstream does): every instance that looks like the boxed one, not only the boxed object;
-- points, ``mask_input`` (previous mask): refused (``PromptNotSupported``), since they need
-  SAM 3's interactive (SAM 2 style) predictor, ``predict_inst``, which is not ported.
+- points (with an optional box) or ``mask_input`` (a previous mask), without text: SAM 3's
+  interactive predictor, ``Sam3Image.predict_inst``, SAM v1 style (candidate masks of one
+  object), when the model was built with ``enable_inst_interactivity=True`` (a checkpoint that
+  has the tracker's weights); otherwise refused (``PromptNotSupported``). Points together
+  with text are refused: the two paths answer different questions.
 
-The answer is ``(masks K x H x W bool, scores K, low_res_logits K x h x w)``, instances best
-first; ``K`` may be 0. ``multimask_output`` has no meaning here and is ignored.
+A grounding answer is ``(masks K x H x W bool, scores K, low_res_logits K x h x w)``, instances
+best first; ``K`` may be 0, and ``multimask_output`` is ignored. An interactive answer is
+``SamPredictor.predict``'s: 3 candidates (or 1) with their predicted IoU.
 """
 
 from __future__ import annotations
@@ -39,13 +43,17 @@ class PromptNotSupported(ValueError):
 
 
 POINTS_REFUSED = (
-    "SAM 3 here takes text and boxes only: point prompts need SAM 3's interactive predictor "
-    "(predict_inst, SAM 2 style), which paddle-sam has not ported yet; describe the object "
-    "with text or draw a box around one example"
+    "this SAM 3 model takes text and boxes only: point prompts need SAM 3's interactive "
+    "predictor (predict_inst), which needs a checkpoint with the tracker's weights; describe "
+    "the object with text or draw a box around one example"
 )
 MASK_REFUSED = (
-    "SAM 3 here cannot refine a previous mask: that needs SAM 3's interactive predictor "
-    "(predict_inst), which paddle-sam has not ported yet"
+    "this SAM 3 model cannot refine a previous mask: that needs SAM 3's interactive predictor "
+    "(predict_inst), which needs a checkpoint with the tracker's weights"
+)
+POINTS_WITH_TEXT = (
+    "points and text cannot be combined: text finds every instance of a concept, points "
+    "segment one object; send one or the other"
 )
 
 
@@ -69,8 +77,6 @@ class Sam3ServePredictor:
     """A SAM 3 image model (``Sam3Image``) as the service's predictor: text and box prompts."""
 
     takes_text = True
-    takes_points = False
-    takes_mask_input = False
     mask_refusal = MASK_REFUSED
     returns_instances = True  # an answer is a set of instances, not 1-of-3 candidates
     model_type = "sam3"
@@ -97,6 +103,18 @@ class Sam3ServePredictor:
         )
         self.image_state: dict[str, Any] | None = None
         self.is_image_set = False
+
+    @property
+    def takes_points(self) -> bool:
+        """Clicks work when the model has the interactive predictor (``predict_inst``)."""
+        return getattr(self.model, "inst_interactive_predictor", None) is not None
+
+    takes_mask_input = takes_points
+
+    @staticmethod
+    def is_interactive(text: str | None, has_points: bool, has_mask: bool) -> bool:
+        """Whether a request goes to ``predict_inst`` (else to text/exemplar grounding)."""
+        return not (text or "").strip() and (has_points or has_mask)
 
     @property
     def confidence_threshold(self) -> float:
@@ -130,13 +148,30 @@ class Sam3ServePredictor:
         multimask_output: bool = True,
         text: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Instances for ``text`` and/or an exemplar ``box`` (x0, y0, x1, y1 pixels)."""
-        if point_coords is not None and len(point_coords):
-            raise PromptNotSupported("points_not_supported", POINTS_REFUSED)
-        if mask_input is not None:
-            raise PromptNotSupported("mask_not_supported", MASK_REFUSED)
+        """Instances for ``text`` and/or an exemplar ``box`` (x0, y0, x1, y1 pixels); or, for
+        points / ``mask_input`` without text, ``predict_inst``'s candidate masks."""
+        has_points = point_coords is not None and len(point_coords) > 0
         if text is not None and not text.strip():
             text = None
+        if has_points and text is not None:
+            raise PromptNotSupported("invalid_prompt", POINTS_WITH_TEXT)
+        if self.is_interactive(text, has_points, mask_input is not None):
+            if not self.takes_points:
+                code, detail = (
+                    ("points_not_supported", POINTS_REFUSED)
+                    if has_points
+                    else ("mask_not_supported", MASK_REFUSED)
+                )
+                raise PromptNotSupported(code, detail)
+            masks, ious, low_res = self.model.predict_inst(
+                self._private_state(),
+                point_coords=point_coords if has_points else None,
+                point_labels=point_labels if has_points else None,
+                box=box,
+                mask_input=mask_input,
+                multimask_output=multimask_output,
+            )
+            return masks > 0.5, ious.astype(np.float32), low_res.astype(np.float32)
         if text is None and box is None:
             raise ValueError("SAM 3 needs a text prompt, a box, or both")
         state = self._private_state()
@@ -171,10 +206,13 @@ def load_sam3_predictor(
     bpe_path: str | os.PathLike | None = None,
     confidence_threshold: float = 0.5,
 ) -> Sam3ServePredictor:
-    """The released SAM 3 image model from ``sam3.pt`` or a converted ``.pdparams``."""
-    from ..models.sam3.build_sam3 import build_sam3_image_model
+    """The SAM 3 image model from ``sam3.pt`` or a converted ``.pdparams`` (sizes from its
+    sidecar), with the interactive predictor for clicks unless the file was converted without
+    the tracker's weights."""
+    from ..convert.checkpoint import load_sam3, read_sidecar
 
-    model = build_sam3_image_model(bpe_path=bpe_path, checkpoint_path=checkpoint)
+    interactive = (read_sidecar(checkpoint) or {}).get("interactive", True) is not False
+    model = load_sam3(checkpoint, bpe_path=bpe_path, enable_inst_interactivity=interactive)
     return Sam3ServePredictor(model, confidence_threshold=confidence_threshold)
 
 

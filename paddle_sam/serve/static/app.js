@@ -591,11 +591,14 @@ function bindCanvas() {
       ];
     } else if (!drag && state.health && state.health.model.takes_points === false) {
       state.history.pop();
-      setStatus("This model takes no points (SAM 3's point predictor is not ported): type " +
-        "what to find, or drag a box around one example.", true);
+      setStatus("This model takes no points (its checkpoint has no tracker weights for SAM 3's " +
+        "point predictor): type what to find, or drag a box around one example.", true);
       return;
     } else if (!drag) {
       const negative = button === 2 || $("negative-toggle").checked;
+      // a click segments one object (SAM 3: predict_inst); it replaces a text query
+      state.text = "";
+      $("text-input").value = "";
       state.points.push({ x: start.x, y: start.y, label: negative ? 0 : 1 });
     } else {
       state.history.pop();
@@ -624,6 +627,7 @@ function bindControls() {
   $("text-form").addEventListener("submit", (e) => {
     e.preventDefault();
     state.text = $("text-input").value.trim();
+    if (state.text) state.points = []; // text finds every instance; clicks do not combine
     sendPrompt();
   });
   $("everything-button").addEventListener("click", () => everything());
