@@ -178,3 +178,29 @@ def assert_close(
         f"mean abs {mean:.3e}"
     )
     return c, m, mean
+
+
+def tiny_sam3_spec():
+    """The reduced SAM 3 of the model, CLI and service tests: 112 px / patch 14 = 8 x 8 tokens,
+    windows of 4, FPN levels 32, 16, 8, 12 queries."""
+    from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+
+    return Sam3Spec(
+        img_size=112,
+        pretrain_img_size=56,
+        vit_embed_dim=32,
+        vit_depth=2,
+        vit_num_heads=2,
+        window_size=4,
+        global_att_blocks=(1,),
+        text_width=32,
+        text_heads=2,
+        text_layers=2,
+        d_model=32,
+        num_heads=4,
+        dim_feedforward=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        num_queries=12,
+        geometry_layers=1,
+    )

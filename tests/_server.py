@@ -62,28 +62,12 @@ def tiny_sam3_model(seed: int = 0, interactive: bool = False):
     with the bundled BPE vocabulary."""
     import warnings
 
-    from paddle_sam.models.sam3.build_sam3 import Sam3Spec, build_sam3_image_model
+    from _sam3_ref import tiny_sam3_spec
+
+    from paddle_sam.models.sam3.build_sam3 import build_sam3_image_model
     from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
 
-    spec = Sam3Spec(
-        img_size=112,
-        pretrain_img_size=56,
-        vit_embed_dim=32,
-        vit_depth=2,
-        vit_num_heads=2,
-        window_size=4,
-        global_att_blocks=(1,),
-        text_width=32,
-        text_heads=2,
-        text_layers=2,
-        d_model=32,
-        num_heads=4,
-        dim_feedforward=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        num_queries=12,
-        geometry_layers=1,
-    )
+    spec = tiny_sam3_spec()
     paddle.seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the weights are random": on purpose

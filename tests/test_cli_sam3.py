@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _pairs import TINY as SAM1_TINY
+from _sam3_ref import tiny_sam3_spec
 from PIL import Image
 from test_cli import _check_mask, _test_image, assert_user_error, run
 
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, load_sam3
 from paddle_sam.convert.sam_v1 import random_official_state_dict
-from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 from paddle_sam.predict.sam3_processor import Sam3Processor
 
 pytestmark = pytest.mark.filterwarnings(
@@ -25,25 +25,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 # as tests/test_sam3_model.py: 112 px / patch 14 = 8x8 tokens, 12 queries
-TINY = Sam3Spec(
-    img_size=112,
-    pretrain_img_size=56,
-    vit_embed_dim=32,
-    vit_depth=2,
-    vit_num_heads=2,
-    window_size=4,
-    global_att_blocks=(1,),
-    text_width=32,
-    text_heads=2,
-    text_layers=2,
-    d_model=32,
-    num_heads=4,
-    dim_feedforward=64,
-    encoder_layers=2,
-    decoder_layers=2,
-    num_queries=12,
-    geometry_layers=1,
-)
+TINY = tiny_sam3_spec()
 H, W = 60, 90
 BOX = [20.0, 15.0, 60.0, 45.0]  # the bright rectangle of the test image
 

@@ -13,7 +13,14 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _sam3_ref import BPE_NAME, assert_close, cpu_patches, import_sam3, perturb_module_
+from _sam3_ref import (
+    BPE_NAME,
+    assert_close,
+    cpu_patches,
+    import_sam3,
+    perturb_module_,
+    tiny_sam3_spec,
+)
 from test_sam3_heads import load_from_torch
 
 from paddle_sam.models.sam3.build_sam3 import Sam3Spec, build_sam3_image_model
@@ -24,25 +31,7 @@ from paddle_sam.predict.sam3_processor import Sam3Processor, resize_uint8_antial
 torch, _ = import_sam3()
 
 # 112 px / patch 14 = 8x8 tokens; windows of 4; FPN levels 32, 16, 8 (4 scalped)
-TINY = Sam3Spec(
-    img_size=112,
-    pretrain_img_size=56,
-    vit_embed_dim=32,
-    vit_depth=2,
-    vit_num_heads=2,
-    window_size=4,
-    global_att_blocks=(1,),
-    text_width=32,
-    text_heads=2,
-    text_layers=2,
-    d_model=32,
-    num_heads=4,
-    dim_feedforward=64,
-    encoder_layers=2,
-    decoder_layers=2,
-    num_queries=12,
-    geometry_layers=1,
-)
+TINY = tiny_sam3_spec()
 
 
 def build_reference(spec: Sam3Spec, bpe_path: str):

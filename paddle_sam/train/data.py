@@ -128,7 +128,21 @@ def _decode_segmentation(seg, h: int, w: int, where: str, skips: SkipLog) -> np.
     return mask
 
 
-class CocoDataset(SegmentationDataset):
+class _AnnotatedDataset(SegmentationDataset):
+    """Records whose payload is a list of COCO-style annotations (polygons or RLE)."""
+
+    def _masks(self, path, anns, h, w):
+        out = []
+        for a in anns:
+            m = _decode_segmentation(
+                a.get("segmentation"), h, w, f"{path.name} annotation {a.get('id')}", self.skips
+            )
+            if m is not None:
+                out.append(m)
+        return out
+
+
+class CocoDataset(_AnnotatedDataset):
     """COCO instance annotations: ``annotations`` JSON + an image folder (polygons or RLE)."""
 
     name = "COCO"
@@ -169,18 +183,8 @@ class CocoDataset(SegmentationDataset):
             self.records.append((path, anns))
         self._finish()
 
-    def _masks(self, path, anns, h, w):
-        out = []
-        for a in anns:
-            m = _decode_segmentation(
-                a.get("segmentation"), h, w, f"{path.name} annotation {a.get('id')}", self.skips
-            )
-            if m is not None:
-                out.append(m)
-        return out
 
-
-class SA1BDataset(SegmentationDataset):
+class SA1BDataset(_AnnotatedDataset):
     """SA-1B layout: ``name.jpg`` next to ``name.json`` ({"image": ..., "annotations": [...]})."""
 
     name = "SA-1B"
@@ -200,16 +204,6 @@ class SA1BDataset(SegmentationDataset):
                 continue
             self.records.append((path, anns))
         self._finish()
-
-    def _masks(self, path, anns, h, w):
-        out = []
-        for a in anns:
-            m = _decode_segmentation(
-                a.get("segmentation"), h, w, f"{path.name} annotation {a.get('id')}", self.skips
-            )
-            if m is not None:
-                out.append(m)
-        return out
 
 
 class MaskFolderDataset(SegmentationDataset):
