@@ -36,7 +36,7 @@ demo: $(VENV)/.installed
 		-o $(DEMO)/everything --overwrite
 	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/"
 
-# the default model's recipe: about 20 minutes on one CPU thread, writes runs/sam_tiny_synthetic/
+# the default model's recipe: about 50 minutes on one CPU thread, writes runs/sam_tiny_synthetic/
 train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic.yaml
 

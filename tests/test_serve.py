@@ -459,28 +459,37 @@ def test_serve_cli_errors(tmp_path, capsys):
     from paddle_sam.cli import build_parser, main
 
     assert build_parser().parse_args(["serve"]).host == "127.0.0.1"  # loopback by default
-    assert main(["serve", "--port", "0"]) == 2
+    # without --checkpoint only the bundled default model can be served (see
+    # test_serve_cli_runs_a_checkpoint[default-model]); another model type needs its weights
+    assert main(["serve", "--model-type", "vit_b", "--port", "0"]) == 2
     assert "checkpoint" in capsys.readouterr().err
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        assert main(["serve", "--port", str(port)]) == 2
+        assert main(["serve", "--port", str(port)]) == 2  # the default model, a busy port
         assert "already in use" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["serve", "--memory-budget-mb", "-1"])
 
 
-def test_serve_cli_runs_a_checkpoint(tmp_path, images):
-    """``paddle-sam serve`` in its own process: loads a checkpoint, binds loopback, serves."""
+@pytest.mark.parametrize("bundled", [False, True], ids=["checkpoint", "default-model"])
+def test_serve_cli_runs_a_checkpoint(tmp_path, images, bundled):
+    """``paddle-sam serve`` in its own process: loads a checkpoint (or, without one, the
+    bundled default model), binds loopback, serves."""
     import httpx
 
-    from paddle_sam.convert.checkpoint import save_pdparams
+    from paddle_sam.cli import DEFAULT_MODEL
+    from paddle_sam.convert.checkpoint import load_sam, save_pdparams
 
-    model = tiny_model(seed=3)
-    ckpt = tmp_path / "tiny.pdparams"
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
-    save_pdparams(state, ckpt, {"model_type": "tiny", "spec": model.spec.to_dict()})
+    if bundled:
+        model, ckpt_args = load_sam(DEFAULT_MODEL), []
+    else:
+        model = tiny_model(seed=3)
+        ckpt = tmp_path / "tiny.pdparams"
+        state = {k: v.numpy() for k, v in model.state_dict().items()}
+        save_pdparams(state, ckpt, {"model_type": "tiny", "spec": model.spec.to_dict()})
+        ckpt_args = ["--checkpoint", str(ckpt)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -491,8 +500,7 @@ def test_serve_cli_runs_a_checkpoint(tmp_path, images):
             "-m",
             "paddle_sam",
             "serve",
-            "--checkpoint",
-            str(ckpt),
+            *ckpt_args,
             "--port",
             str(port),
             "--log-level",
