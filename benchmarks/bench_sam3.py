@@ -33,7 +33,6 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
@@ -62,12 +61,6 @@ METRICS = (
 # --------------------------------------------------------------------------------- workers
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) -> dict:
     """The same calls on both processors: set_image, then text and box prompts."""
     from PIL import Image
@@ -79,8 +72,8 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
         processor.set_image(image, state)
         to_numpy(state["backbone_out"]["vision_features"])
 
-    first = _timed(set_image)
-    set_times = [_timed(set_image) for _ in range(args.repeats)]
+    first = v1._timed(set_image)
+    set_times = [v1._timed(set_image) for _ in range(args.repeats)]
 
     def prompt(kind: str, i: int) -> float:
         def call() -> None:
@@ -91,7 +84,7 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
                 processor.set_text_prompt(TEXTS[i % len(TEXTS)], state)
             to_numpy(state["scores"])
 
-        return _timed(call)
+        return v1._timed(call)
 
     out: dict[str, Any] = {
         "set_image_first_s": first,
@@ -229,16 +222,7 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
 
 
 def run_child(argv: list[str], label: str) -> dict:
-    """Run this script with ``argv`` in a fresh interpreter; return its JSON result line."""
-    cmd = [sys.executable, os.path.abspath(__file__), *argv]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=v1._BASE_ENV, capture_output=True, text=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(v1.RESULT_PREFIX)]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise RuntimeError(f"{label} failed (exit {proc.returncode}): {' '.join(cmd)}")
-    print(f"  {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    return json.loads(lines[-1][len(v1.RESULT_PREFIX) :])
+    return v1.run_child(argv, label, script=__file__)
 
 
 def collect(args, weights: dict[str, Path]) -> dict[str, list[dict]]:
@@ -284,18 +268,11 @@ def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
     return rows
 
 
+TABLE_HEADER = ["metric", "paddle_sam", "torch (official sam3)", "paddle/torch"]
+
+
 def format_table(rows: list[list[str]], markdown: bool) -> str:
-    header = ["metric", "paddle_sam", "torch (official sam3)", "paddle/torch"]
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-    widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
-
-    def fmt(row: list[str]) -> str:
-        cells = zip(row, widths, strict=True)
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells))
-
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+    return v1.format_table(rows, markdown, header=TABLE_HEADER)
 
 
 def machine_info(args, runs: dict[str, list[dict]], started: dt.datetime) -> list[tuple[str, str]]:

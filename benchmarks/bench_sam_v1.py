@@ -279,9 +279,10 @@ def prepare_main(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------- parent
 
 
-def run_child(argv: list[str], label: str) -> dict:
-    """Run this script with ``argv`` in a fresh interpreter; return its JSON result line."""
-    cmd = [sys.executable, os.path.abspath(__file__), *argv]
+def run_child(argv: list[str], label: str, script: str = __file__) -> dict:
+    """Run ``script`` (default: this one) with ``argv`` in a fresh interpreter, from the
+    environment this process started with; return its JSON result line."""
+    cmd = [sys.executable, os.path.abspath(script), *argv]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=_BASE_ENV, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -342,9 +343,13 @@ def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
     return rows
 
 
-def format_table(rows: list[list[str]], markdown: bool) -> str:
-    header = ["metric", "paddle dygraph", "paddle static", "torch"]
-    header += [f"{'dygraph' if i == 'paddle' else i}/torch" for i in RATIOS]
+TABLE_HEADER = ["metric", "paddle dygraph", "paddle static", "torch"] + [
+    f"{'dygraph' if i == 'paddle' else i}/torch" for i in RATIOS
+]
+
+
+def format_table(rows: list[list[str]], markdown: bool, header: list[str] = TABLE_HEADER) -> str:
+    """The rows under ``header``, as markdown or as aligned plain text."""
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
