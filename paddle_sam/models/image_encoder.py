@@ -281,10 +281,16 @@ class PatchEmbed(nn.Layer):
         padding: tuple[int, int] = (0, 0),
         in_chans: int = 3,
         embed_dim: int = 768,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.proj = nn.Conv2D(
-            in_chans, embed_dim, kernel_size=kernel_size, stride=stride, padding=padding
+            in_chans,
+            embed_dim,
+            kernel_size=kernel_size,
+            stride=stride,
+            padding=padding,
+            bias_attr=None if bias else False,
         )
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:

@@ -21,7 +21,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from ..common import Linear
-from ..image_encoder import _can_be_inplace, window_partition, window_unpartition
+from ..image_encoder import PatchEmbed, _can_be_inplace, window_partition, window_unpartition
 from .model_misc import LayerScale
 
 # attention scores computed at once (256 MB in float32): one block for the 9 x 16 windows of
@@ -80,32 +80,6 @@ def get_abs_pos(
         grid.transpose([0, 3, 1, 2]), size=[h, w], mode="bicubic", align_corners=False
     )
     return grid.transpose([0, 2, 3, 1])
-
-
-class PatchEmbed(nn.Layer):
-    """Image to patch embedding: ``B x C x H x W`` -> ``B x H' x W' x embed_dim``."""
-
-    def __init__(
-        self,
-        kernel_size: tuple[int, int] = (16, 16),
-        stride: tuple[int, int] = (16, 16),
-        padding: tuple[int, int] = (0, 0),
-        in_chans: int = 3,
-        embed_dim: int = 768,
-        bias: bool = True,
-    ) -> None:
-        super().__init__()
-        self.proj = nn.Conv2D(
-            in_chans,
-            embed_dim,
-            kernel_size=kernel_size,
-            stride=stride,
-            padding=padding,
-            bias_attr=None if bias else False,
-        )
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return self.proj(x).transpose([0, 2, 3, 1])
 
 
 class Attention(nn.Layer):
