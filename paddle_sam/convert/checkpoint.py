@@ -1,9 +1,12 @@
-"""Convert official SAM v1 checkpoints to ``.pdparams`` and load them strictly.
+"""Convert official SAM v1 and SAM 3 checkpoints to ``.pdparams`` and load them strictly.
 
-``convert_checkpoint`` reads ``.pth`` (zip or legacy) and ``.safetensors`` files without
-torch and without running pickled code, maps every key (official or HF layout), transposes
-Linear weights, upcasts to float32 and writes a ``.pdparams`` file plus a JSON sidecar
-(``<dst>.json``: model type, spec, source sha256, converter version).
+``convert_checkpoint`` reads ``.pth`` / ``.pt`` (zip or legacy) and ``.safetensors`` files
+without torch and without running pickled code, maps every key, transposes Linear weights,
+upcasts to float32 and writes a ``.pdparams`` file plus a JSON sidecar (``<dst>.json``: model
+type, spec, source sha256 and layout, converter version). Source layouts: SAM v1 official
+(segment-anything) and HF transformers (``facebook/sam-vit-*``); SAM 3 released (``sam3.pt``)
+and HF transformers (``Sam3Model`` / ``facebook/sam3``: a ``.safetensors`` file, a sharded
+``model.safetensors.index.json`` or the model folder; see :mod:`.sam3_hf`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from tqdm import tqdm
 
 from ..models.build_sam import SAM_SPECS, SamSpec, build_sam
 from ..models.sam import Sam
-from . import sam3, sam_v1
+from . import sam3, sam3_hf, sam_v1
 from .torch_reader import CheckpointError, CheckpointFormatError, load_state_dict
 
 CONVERTER_VERSION = "1"
@@ -90,15 +93,17 @@ def convert_checkpoint(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Convert ``src`` (official/HF SAM v1 or official SAM 3, .pth/.pt or .safetensors) to
-    ``dst`` (.pdparams).
+    """Convert ``src`` (official/HF SAM v1 or official/HF SAM 3, .pth/.pt or .safetensors; for
+    HF SAM 3 also a sharded ``model.safetensors.index.json`` or the model folder) to ``dst``
+    (.pdparams).
 
     ``model_type`` (vit_b / vit_l / vit_h / sam3) is detected from the weights when omitted;
     give ``spec`` (a ``SamSpec`` or ``Sam3Spec``) instead for a custom size. Refuses to
     overwrite ``dst`` unless ``overwrite``. Returns the sidecar metadata written next to ``dst``.
     """
     src, dst = Path(src), Path(dst)
-    if not src.is_file():
+    hf_source = sam3_hf.is_hf_source(src)
+    if not (src.is_file() or hf_source and src.exists()):
         raise FileNotFoundError(f"checkpoint not found: {src}")
     if dst.suffix != PADDLE_SUFFIX:
         raise ValueError(f"output must end in {PADDLE_SUFFIX}: {dst}")
@@ -111,8 +116,16 @@ def convert_checkpoint(
                 raise FileExistsError(
                     f"{p} exists; pass overwrite=True (--overwrite) to replace it"
                 )
-    state = load_state_dict(src, progress=progress)
-    looks_sam3 = sam3.is_sam3_checkpoint(state)
+    if hf_source:
+        state = sam3_hf.load_hf_state_dict(src, progress=progress)
+        if not sam3_hf.is_hf_sam3_layout(state):
+            raise sam_v1.CheckpointMismatchError(
+                f"{src} is not an HF SAM 3 checkpoint (no 'vision_encoder.backbone.*' keys); "
+                "folders and sharded indexes are read for HF SAM 3 only"
+            )
+    else:
+        state = load_state_dict(src, progress=progress)
+    looks_sam3 = sam3.is_sam3_checkpoint(state) or sam3_hf.is_hf_sam3_layout(state)
     wants_sam3 = model_type == "sam3" or (spec is not None and not isinstance(spec, SamSpec))
     if wants_sam3 or (looks_sam3 and model_type is None and spec is None):
         return _convert_sam3(src, dst, state, model_type, spec, progress)
@@ -148,14 +161,21 @@ def convert_checkpoint(
 def _convert_sam3(
     src: Path, dst: Path, state: dict, model_type: str | None, spec: Any, progress: bool
 ) -> dict:
-    """SAM 3 (``detector.*`` / ``tracker.*``): convert every key, check the image model's part
-    (and, when the file has ``tracker.*`` keys, the tracker's SAM heads of ``predict_inst``)
-    strictly against the model of ``spec`` (the released sizes by default), write it all."""
+    """SAM 3 (``detector.*`` / ``tracker.*``, or the HF layout mapped to it first): convert
+    every key, check the image model's part (and, when the file has ``tracker.*`` keys, the
+    tracker's SAM heads of ``predict_inst``) strictly against the model of ``spec`` (the
+    released sizes by default), write it all."""
     from ..models.sam3 import build_sam3
 
     if model_type not in (None, "sam3") or not isinstance(spec, build_sam3.Sam3Spec | None):
         raise ValueError(f"model type {model_type!r} and spec {spec!r} do not describe SAM 3")
     spec = build_sam3.SAM3_SPEC if spec is None else spec
+    layout, dropped = "official", {}
+    if sam3_hf.is_hf_sam3_layout(state):
+        layout = "hf"
+        for reason in sam3_hf.dropped_keys(state).values():
+            dropped[reason] = dropped.get(reason, 0) + 1
+        state = sam3_hf.hf_to_released(state)
     converted = sam3.convert_state_dict(state)
     del state
     interactive = any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted)
@@ -170,13 +190,33 @@ def _convert_sam3(
         "model_type": "sam3",
         "spec": dataclasses.asdict(spec),
         "interactive": interactive,
-        "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": "official"},
+        "source": {"file": src.name, **_source_hashes(src, progress), "layout": layout},
         "converter_version": CONVERTER_VERSION,
         "paddle_version": paddle.__version__,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
+    if layout == "hf":
+        meta["source"]["dropped"] = dropped  # {reason: number of HF keys}
+        meta["source"]["filled"] = sam3_hf.FILLED
     save_pdparams(converted, dst, meta)
     return meta
+
+
+def _source_hashes(src: Path, progress: bool) -> dict:
+    """``{"sha256": ...}`` of a file; of a folder or sharded index, the index's (or the single
+    ``model.safetensors``'s) plus ``"shards": {name: sha256}``."""
+    if not sam3_hf.is_hf_source(src):
+        return {"sha256": sha256_file(src, progress)}
+    main = src
+    if src.is_dir():
+        main = src / "model.safetensors"
+        if not main.is_file():
+            main = src / "model.safetensors.index.json"
+    out = {"sha256": sha256_file(main, progress)}
+    if main.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(main.read_text())["weight_map"].values()))
+        out["shards"] = {n: sha256_file(main.parent / n, progress) for n in shards}
+    return out
 
 
 def save_pdparams(state: dict[str, np.ndarray], dst: str | os.PathLike, meta: dict) -> None:
@@ -294,6 +334,8 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
     if path.suffix == PADDLE_SUFFIX:
         return None
     needle = sam3.DETECTOR_PREFIX + "backbone."
+    hf_needle = b'"vision_encoder.backbone.'  # HF Sam3Model (SAM v1's HF keys lack "backbone")
+    hf_video_needle = b'"' + sam3_hf.HF_DETECTOR_PREFIX.encode() + b"vision_encoder.backbone."
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as zf:
@@ -308,7 +350,8 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
                 if 2 <= n <= (100 << 20):
                     header = f.read(n)
                     if header[:1] == b"{":
-                        return "sam3" if needle.encode() in header else "sam"
+                        sam3_keys = (needle.encode(), hf_needle, hf_video_needle)
+                        return "sam3" if any(n in header for n in sam3_keys) else "sam"
     except (OSError, zipfile.BadZipFile):
         return None
     return None
@@ -319,14 +362,15 @@ def load_sam3(
     bpe_path: str | os.PathLike | None = None,
     enable_inst_interactivity: bool = False,
 ):
-    """Build and strictly load a SAM 3 image model, its sizes from the sidecar if present
-    (the released sizes otherwise)."""
+    """Build and strictly load a SAM 3 image model from a converted ``.pdparams`` or an official
+    checkpoint (released ``sam3.pt``, or HF: ``.safetensors``, sharded index, folder), its
+    sizes from the sidecar if present (the released sizes otherwise)."""
     from ..models.sam3 import build_sam3
 
     checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
+    if not (checkpoint.is_file() or sam3_hf.is_hf_source(checkpoint) and checkpoint.exists()):
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    meta = read_sidecar(checkpoint) or {}
+    meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
     if meta.get("model_type", "sam3") != "sam3":
         raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
     spec = build_sam3.Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else build_sam3.SAM3_SPEC

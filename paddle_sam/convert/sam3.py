@@ -27,7 +27,7 @@ import numpy as np
 import paddle
 
 from .sam_v1 import CheckpointMismatchError, check_keys
-from .torch_reader import CheckpointFormatError, load_state_dict
+from .torch_reader import CheckpointFormatError
 
 DETECTOR_PREFIX = "detector."
 TRACKER_PREFIX = "tracker."
@@ -275,12 +275,15 @@ def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -
 def read_sam3_weights(
     path: str | os.PathLike, spec: Any = None, model: paddle.nn.Layer | None = None
 ) -> dict[str, np.ndarray]:
-    """Paddle-layout float32 weights from an official checkpoint (converted in memory, without
-    torch) or a ``.pdparams`` written by ``paddle-sam convert``. With ``model`` they are
+    """Paddle-layout float32 weights from an official checkpoint (the released ``sam3.pt`` or
+    an HF transformers ``.safetensors`` file, sharded index or folder: converted in memory,
+    without torch) or a ``.pdparams`` written by ``paddle-sam convert``. With ``model`` they are
     checked strictly against it and reduced to the parts it holds (:func:`select_for_model`);
     ``spec`` is accepted for symmetry with the SAM v1 loader (the model carries the sizes)."""
+    from . import sam3_hf
+
     path = Path(path)
-    if not path.is_file():
+    if not (path.is_file() or sam3_hf.is_hf_source(path) and path.exists()):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.suffix == ".pdparams":
         try:
@@ -292,11 +295,7 @@ def read_sam3_weights(
         if not isinstance(state, dict):
             raise CheckpointFormatError(f"{path} does not hold a state dict")
     else:
-        raw = load_state_dict(path)
-        if not is_sam3_checkpoint(raw):
-            raise CheckpointMismatchError(
-                f"{path} is not a SAM 3 checkpoint: no 'detector.backbone.*' keys"
-            )
+        raw, _ = sam3_hf.read_released(path)
         state = convert_state_dict(raw)
     if model is not None:
         state = select_for_model(state, model_shapes(model), where=f"{path}: ")
