@@ -56,6 +56,8 @@ def test_files_and_manifest(exported):
             "image_encoder.pdiparams",
             "prompt_decoder.json",
             "prompt_decoder.pdiparams",
+            "prompt_decoder_few.json",
+            "prompt_decoder_few.pdiparams",
         ]
     )
     on_disk = json.loads((d / "export.json").read_text())
@@ -63,6 +65,7 @@ def test_files_and_manifest(exported):
     assert manifest["image_size"] == TINY.image_size
     assert manifest["pixel_mean"] == pytest.approx([123.675, 116.28, 103.53])
     assert manifest["paddle_version"] == paddle.__version__
+    assert manifest["few_tokens_max"] == 8  # TINY decoder: 16 internal channels, 2 heads
 
 
 def test_image_embedding_identical(pair):
@@ -83,6 +86,27 @@ def test_points(pair, n, multimask):
     _same(
         sp.predict(coords, labels, multimask_output=multimask),
         dp.predict(coords, labels, multimask_output=multimask),
+    )
+
+
+@pytest.mark.parametrize("few_tokens_max", [0, 100])
+def test_both_decoder_programs(exported, few_tokens_max):
+    """The few-token program (reassociated attention) and the general one, each forced for
+    prompts it would not get by default, against the dynamic model."""
+    model, d, _ = exported
+    sp, dp = StaticSamPredictor(d), SamPredictor(model)
+    sp._few_tokens_max = few_tokens_max
+    img = image(H, W, seed=4)
+    sp.set_image(img)
+    dp.set_image(img)
+    rng = np.random.default_rng(5)
+    for n in (1, 7):
+        coords, labels = rng.uniform(0, [W, H], size=(n, 2)), np.ones(n, int)
+        _same(sp.predict(coords, labels), dp.predict(coords, labels))
+    prev = dp.predict(coords, labels)[2][:1]
+    _same(
+        sp.predict(coords, labels, mask_input=prev, multimask_output=False),
+        dp.predict(coords, labels, mask_input=prev, multimask_output=False),
     )
 
 
@@ -165,7 +189,11 @@ def test_options(exported):
     assert p.predict(np.array([[10, 10]]), np.array([1]))[0].shape == (3, 40, 60)
     if not p.options["memory_optim"]:
         assert any("memory optimisation" in str(w.message) for w in caught)
-    assert p.options["onednn"] == {"image_encoder": False, "prompt_decoder": True}
+    assert p.options["onednn"] == {
+        "image_encoder": False,
+        "prompt_decoder": True,
+        "prompt_decoder_few": True,
+    }
 
 
 def test_decoder_with_and_without_onednn(exported, pair):
@@ -173,7 +201,7 @@ def test_decoder_with_and_without_onednn(exported, pair):
     _, d, _ = exported
     sp, dp = pair
     plain = StaticSamPredictor(d, onednn=False)
-    assert plain.options["onednn"] == {"image_encoder": False, "prompt_decoder": False}
+    assert not any(plain.options["onednn"].values())
     plain.set_image(image(H, W, seed=4))
     pts, lbl = np.array([[40.0, 50.0], [120, 90]]), np.array([1, 0])
     for p in (sp, plain):

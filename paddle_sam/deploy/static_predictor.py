@@ -20,7 +20,13 @@ import paddle
 from paddle import inference
 
 from .._runtime import cpu_count
-from ..export.sam_v1 import EXPORT_FORMAT, FORMAT_VERSION, MANIFEST, PROGRAMS
+from ..export.sam_v1 import (
+    EXPORT_FORMAT,
+    FEW_TOKENS_PROGRAM,
+    FORMAT_VERSION,
+    MANIFEST,
+    PROGRAMS,
+)
 from ..models.sam import postprocess_masks, preprocess_image
 from ..predict.predictor import PredictorBase
 from ..predict.transforms import ResizeLongestSide
@@ -58,8 +64,9 @@ def read_manifest(export_dir: str | os.PathLike, fmt: str = EXPORT_FORMAT) -> di
             f"{path}: export format version {manifest.get('format_version')!r}, this "
             f"paddle-sam reads version {FORMAT_VERSION}; export the model again"
         )
-    for prog in PROGRAMS:
-        for name in (manifest.get("programs") or {}).get(prog) or [f"{prog} (not listed)"]:
+    listed = manifest.get("programs") or {}
+    for prog in [*PROGRAMS, *(p for p in listed if p not in PROGRAMS)]:
+        for name in listed.get(prog) or [f"{prog} (not listed)"]:
             f = d / name
             if not f.is_file() or f.stat().st_size == 0:
                 raise ExportFormatError(f"{d}: {f.name} is missing or empty")
@@ -70,7 +77,7 @@ def read_manifest(export_dir: str | os.PathLike, fmt: str = EXPORT_FORMAT) -> di
 # on bilinear interpolate (DESIGN.md s4), which is why the decoder program has none; on the
 # image encoder its fusion passes fail to build the program, and with the failing pass
 # removed it crashed, so the encoder always runs on Paddle's own CPU kernels.
-ONEDNN_PROGRAMS = ("prompt_decoder",)
+ONEDNN_PROGRAMS = ("prompt_decoder", FEW_TOKENS_PROGRAM)
 
 
 class ExportedSamPredictor(PredictorBase):
@@ -174,7 +181,8 @@ class StaticSamPredictor(ExportedSamPredictor):
             raise ValueError(f"backend must be 'paddle' or 'tensorrt', got {backend!r}")
         if backend == "tensorrt" and device != "gpu":
             raise ValueError("backend='tensorrt' needs device='gpu'")
-        use_onednn = {p: onednn and device == "cpu" and p in ONEDNN_PROGRAMS for p in PROGRAMS}
+        programs = (*PROGRAMS, FEW_TOKENS_PROGRAM)
+        use_onednn = {p: onednn and device == "cpu" and p in ONEDNN_PROGRAMS for p in programs}
         opts = dict(
             device=device,
             threads=threads,
@@ -191,6 +199,13 @@ class StaticSamPredictor(ExportedSamPredictor):
         super().__init__(export_dir, read_manifest(export_dir))
         self._encoder = self._create("image_encoder", opts)
         self._decoder = self._create("prompt_decoder", opts)
+        # prompts of at most few_tokens_max tokens run the reassociated decoder, if exported
+        self._few_tokens_max = int(self.manifest.get("few_tokens_max") or 0)
+        self._decoder_few = (
+            self._create(FEW_TOKENS_PROGRAM, opts)
+            if FEW_TOKENS_PROGRAM in self.manifest["programs"]
+            else None
+        )
 
     def _create(self, prog: str, opts: dict):
         """A Paddle Inference predictor for one program, configured from ``opts``."""
@@ -218,7 +233,7 @@ class StaticSamPredictor(ExportedSamPredictor):
                     use_static=False,
                     use_calib_mode=False,
                 )
-                if prog == "prompt_decoder":
+                if prog != "image_encoder":
                     self._set_trt_shapes(cfg, opts["max_points"])
         if opts["memory_optim"]:
             cfg.enable_memory_optim()
@@ -271,12 +286,16 @@ class StaticSamPredictor(ExportedSamPredictor):
         """Drop both programs' intermediate tensors and shrink Paddle Inference's memory pool
         (on a GPU, its cached blocks); the next call allocates afresh. For long-running
         services between bursts of work; the embedding of the current image is kept."""
-        for predictor in (self._encoder, self._decoder):
+        for predictor in (self._encoder, self._decoder, self._decoder_few):
+            if predictor is None:
+                continue
             predictor.clear_intermediate_tensor()
             predictor.try_shrink_memory()
 
     def _run_decoder(self, feeds, multimask_output):
-        iou, low_res = self._run(self._decoder, feeds)
+        tokens = 1 + int(self.manifest["num_mask_tokens"]) + feeds["point_labels"].shape[1]
+        few = self._decoder_few is not None and tokens <= self._few_tokens_max
+        iou, low_res = self._run(self._decoder_few if few else self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
         iou, low_res = iou[0, sl], low_res[:, sl]
         # the dynamic model's own upscaling, on the masks kept only

@@ -1,4 +1,4 @@
-"""Export SAM v1 to two PIR static programs and a manifest.
+"""Export SAM v1 to PIR static programs and a manifest.
 
 ``image_encoder.{json,pdiparams}``: preprocessed image (B x 3 x S x S, dynamic batch) ->
 image embedding. ``prompt_decoder.{json,pdiparams}``: prompt encoder + mask decoder, with a
@@ -10,12 +10,20 @@ versions, source checksum). The ONNX export (``export/onnx.py``) keeps the upsca
 decoder graph, with the original image size as an input, as upstream's ONNX model does.
 Preprocessing is not in the graph: the static runtime reuses :class:`ResizeLongestSide` and
 ``Sam.preprocess`` exactly as the dynamic predictor does.
+
+The PIR decoder programs compute the mask decoder in faster forms of the same function
+(:func:`decoder_formulation`): output upscaling as per-token GEMMs, and in
+``prompt_decoder_few`` the cross-attention reassociated for few prompt tokens, which the
+runtime picks when a prompt has at most ``few_tokens_max`` tokens (vit_b: 16, i.e. up to 10
+points, or a box and 9 points). Parity with the dynamic model is tested like the rest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import paddle
@@ -30,6 +38,10 @@ EXPORT_FORMAT = "paddle-sam/sam_v1-static"
 FORMAT_VERSION = 2
 MANIFEST = "export.json"
 PROGRAMS = ("image_encoder", "prompt_decoder")
+# The prompt decoder with the attention reassociated for few prompt tokens (see
+# ``Attention._few_queries``): used by the runtime when the token count allows; optional, an
+# export without it runs ``prompt_decoder`` for every prompt.
+FEW_TOKENS_PROGRAM = "prompt_decoder_few"
 
 
 class PromptDecoder(nn.Layer):
@@ -107,8 +119,38 @@ def decoder_input_spec(spec, upscale: bool) -> list[InputSpec]:
     return inputs
 
 
-def save_programs(sam: Sam, out: Path, *, upscale: bool) -> None:
-    """``paddle.jit.save`` the image encoder and the prompt decoder (PIR) into ``out``."""
+@contextmanager
+def decoder_formulation(sam: Sam, *, few_tokens: bool, channels_last: bool) -> Iterator[None]:
+    """Within the block, ``sam``'s mask decoder computes the same function in the faster
+    forms: cross-attention reassociated for few prompt tokens, output upscaling as per-token
+    GEMMs (``MaskDecoder._masks_channels_last``). Restored on exit."""
+    md = sam.mask_decoder
+    t = md.transformer
+    sides = [(layer.cross_attn_token_to_image, "query") for layer in t.layers]
+    sides += [(layer.cross_attn_image_to_token, "key") for layer in t.layers]
+    sides.append((t.final_attn_token_to_image, "query"))
+    saved = [a.few_tokens for a, _ in sides], md.channels_last_upscaling
+    try:
+        for attn, side in sides:
+            attn.few_tokens = side if few_tokens else None
+        md.channels_last_upscaling = channels_last
+        yield
+    finally:
+        for (attn, _), old in zip(sides, saved[0], strict=True):
+            attn.few_tokens = old
+        md.channels_last_upscaling = saved[1]
+
+
+def few_tokens_max(sam: Sam) -> int:
+    """Most tokens (output tokens + prompt points) for which the reassociated attention does
+    less work: h * N <= internal_dim, i.e. N <= channels per head."""
+    attn = sam.mask_decoder.transformer.final_attn_token_to_image
+    return attn.internal_dim // attn.num_heads
+
+
+def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> None:
+    """``paddle.jit.save`` the image encoder and the prompt decoder (PIR) into ``out``; with
+    ``fast``, the decoder in its faster forms (same function), plus ``FEW_TOKENS_PROGRAM``."""
     size = sam.spec.image_size
     sam.eval()
     paddle.jit.save(
@@ -116,11 +158,16 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool) -> None:
         str(out / "image_encoder"),
         input_spec=[InputSpec([None, 3, size, size], "float32", "image")],
     )
-    paddle.jit.save(
-        PromptDecoder(sam, upscale=upscale),
-        str(out / "prompt_decoder"),
-        input_spec=decoder_input_spec(sam.spec, upscale),
+    decoders = (
+        {"prompt_decoder": False, FEW_TOKENS_PROGRAM: True} if fast else {"prompt_decoder": False}
     )
+    for name, few in decoders.items():
+        with decoder_formulation(sam, few_tokens=few, channels_last=fast):
+            paddle.jit.save(
+                PromptDecoder(sam, upscale=upscale),
+                str(out / name),
+                input_spec=decoder_input_spec(sam.spec, upscale),
+            )
 
 
 def check_outputs(out: Path, files: list[str], overwrite: bool) -> None:
@@ -165,10 +212,16 @@ def export_sam(
 ) -> dict:
     """Write ``image_encoder.*``, ``prompt_decoder.*`` and ``export.json`` to ``out_dir``."""
     out = Path(out_dir)
-    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in PROGRAMS}
+    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in (*PROGRAMS, FEW_TOKENS_PROGRAM)}
     check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    save_programs(sam, out, upscale=False)
+    save_programs(sam, out, upscale=False, fast=True)
     return write_manifest(
-        out, sam, EXPORT_FORMAT, programs, model_type=model_type, source_sha256=source_sha256
+        out,
+        sam,
+        EXPORT_FORMAT,
+        programs,
+        model_type=model_type,
+        source_sha256=source_sha256,
+        few_tokens_max=few_tokens_max(sam),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import paddle
+import paddle.nn.functional as F
 from paddle import nn
 
 from .common import MLP, LayerNorm2d
@@ -40,6 +41,9 @@ class MaskDecoder(nn.Layer):
         self.iou_prediction_head = MLP(
             transformer_dim, iou_head_hidden_dim, self.num_mask_tokens, iou_head_depth
         )
+        # Compute output_upscaling as per-token GEMMs (see ``_masks_channels_last``) instead of
+        # upstream's two transposed convolutions; off by default, set by the export.
+        self.channels_last_upscaling = False
 
     def forward(
         self,
@@ -82,12 +86,41 @@ class MaskDecoder(nn.Layer):
         iou_token_out = hs[:, 0, :]
         mask_tokens_out = hs[:, 1 : 1 + self.num_mask_tokens, :]
 
-        src = src.transpose([0, 2, 1]).reshape([b, c, h, w])
-        upscaled = self.output_upscaling(src)
         hyper_in = paddle.stack(
             [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)],
             axis=1,
         )
-        b, c, h, w = upscaled.shape
-        masks = paddle.matmul(hyper_in, upscaled.reshape([b, c, h * w])).reshape([b, -1, h, w])
+        if self.channels_last_upscaling:
+            masks = self._masks_channels_last(src, hyper_in, h, w)
+        else:
+            src = src.transpose([0, 2, 1]).reshape([b, c, h, w])
+            upscaled = self.output_upscaling(src)
+            b, c, h, w = upscaled.shape
+            masks = paddle.matmul(hyper_in, upscaled.reshape([b, c, h * w])).reshape([b, -1, h, w])
         return masks, self.iou_prediction_head(iou_token_out)
+
+    def _masks_channels_last(
+        self, src: paddle.Tensor, hyper_in: paddle.Tensor, h: int, w: int
+    ) -> paddle.Tensor:
+        """``output_upscaling`` and the hypernetwork product on tokens (B x hw x C), exactly
+        the same function: a 2 x 2 transposed convolution of stride 2 maps every input pixel
+        to its own 2 x 2 output block, i.e. a GEMM C -> 4 C' per token; LayerNorm2d is a
+        layer_norm over the last axis. Only the M mask logits per pixel are rearranged into an
+        image at the end, instead of transposing 32..256 feature channels at every stage."""
+        up1, norm, act1, up2, act2 = self.output_upscaling
+        b = src.shape[0]
+
+        def conv_t(x: paddle.Tensor, conv: nn.Conv2DTranspose) -> paddle.Tensor:
+            cin, cout = conv.weight.shape[:2]  # [in, out, 2, 2] -> [in, (ky, kx, out)]
+            weight = conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout])
+            # bias after the reshape: Paddle Inference 3.3's fc fusion would take the 4-D
+            # transposed weight of a matmul + add for its own and refuse the program
+            return paddle.matmul(x, weight).reshape([b, -1, cout]) + conv.bias
+
+        x = F.layer_norm(conv_t(src, up1), norm.weight.shape, norm.weight, norm.bias, norm.eps)
+        x = act1(x)
+        x = act2(conv_t(x, up2))  # B x (hw * 16) x C'
+        masks = paddle.matmul(x, hyper_in, transpose_y=True)  # B x (hw * 16) x M
+        # rows are (y, x, ky1, kx1, ky2, kx2): output pixel (4y + 2ky1 + ky2, 4x + 2kx1 + kx2)
+        masks = masks.reshape([b, h, w, 2, 2, 2, 2, -1]).transpose([0, 7, 1, 3, 5, 2, 4, 6])
+        return masks.reshape([b, -1, 4 * h, 4 * w])

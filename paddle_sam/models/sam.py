@@ -8,6 +8,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from .common import resize_bilinear
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -125,13 +126,8 @@ def postprocess_masks(
     """Upscale low-res logits to the padded size x size input, crop the padding, resize to the
     original image size (shared with the static runtime, which upscales only the masks it keeps).
     """
-    masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
+    masks = resize_bilinear(masks, [size, size])
     masks = masks[..., : int(input_size[0]), : int(input_size[1])]
     if tuple(original_size) == tuple(masks.shape[-2:]):
         return masks  # bilinear resampling to the same size is the identity
-    return F.interpolate(
-        masks,
-        size=[int(original_size[0]), int(original_size[1])],
-        mode="bilinear",
-        align_corners=False,
-    )
+    return resize_bilinear(masks, original_size)

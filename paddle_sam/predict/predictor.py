@@ -257,4 +257,3 @@ class SamPredictor(PredictorBase):
         if "gpu" in self.device.lower():
             # long-running processes: hand the previous image's blocks back to the device
             paddle.device.cuda.empty_cache()
-
