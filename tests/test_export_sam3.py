@@ -201,8 +201,11 @@ def test_padding_box_is_no_box(model, pair):
     for key, a in zip(
         ("pred_logits", "pred_boxes", "presence_logit_dec", "pred_masks"), padded, strict=True
     ):
+        # measured: <= 8.2e-7 (queries, boxes, presence), 8.6e-6 (low-res mask logits): the
+        # extra masked key changes only the GEMMs' summation order
+        bound = 5e-5 if key == "pred_masks" else 1e-5
         diff = float(np.abs(a.numpy() - ref[key].numpy()).max())
-        assert diff <= 1e-5, f"{key}: padded vs no box {diff:.3g}"
+        assert diff <= bound, f"{key}: padded vs no box {diff:.3g}"
 
 
 def test_caches_threshold_and_reset(pair, monkeypatch):
