@@ -114,6 +114,8 @@ def cmd_convert(args) -> int:
 def cmd_export(args) -> int:
     from .convert.checkpoint import read_sidecar
 
+    if _export_family(args) == "sam3":
+        return _export_sam3(args)
     if args.format == "onnx":
         from .export.onnx import _paddle2onnx
         from .export.onnx import export_onnx as export
@@ -139,6 +141,47 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _export_family(args) -> str:
+    """``"sam3"`` or ``"sam"``: from --model-type, else from the checkpoint."""
+    if args.model_type is not None:
+        return "sam3" if args.model_type == "sam3" else "sam"
+    if args.checkpoint is not None:
+        from .convert.checkpoint import detect_family
+
+        return detect_family(args.checkpoint) or "sam"
+    return "sam"
+
+
+def _export_sam3(args) -> int:
+    """``export`` of a SAM 3 checkpoint: backbone, text encoder and prompt decoder."""
+    from .convert.checkpoint import load_sam3, read_sidecar
+    from .export.sam3 import export_sam3
+    from .models.sam3.build_sam3 import Sam3Spec
+
+    if args.format != "pir":
+        raise ValueError("SAM 3 exports to PIR programs only (--format pir)")
+    if args.checkpoint is None:
+        raise ValueError(
+            "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
+            "and pass --checkpoint FILE"
+        )
+    model = load_sam3(args.checkpoint)
+    meta = read_sidecar(args.checkpoint) or {}
+    t = time.perf_counter()
+    export_sam3(
+        model,
+        args.output,
+        source_sha256=(meta.get("source") or {}).get("sha256"),
+        overwrite=args.overwrite,
+        spec=Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else None,
+    )
+    print(
+        f"exported (pir) -> {args.output}/ (backbone, text_encoder, prompt_decoder "
+        f".{{json,pdiparams}}, export.json) in {time.perf_counter() - t:.1f}s"
+    )
+    return 0
+
+
 def _exported_predictor(export_dir: str):
     """The runtime for an export folder: Paddle Inference, or onnxruntime for ONNX."""
     from .deploy.static_predictor import StaticSamPredictor, peek_format
@@ -157,7 +200,12 @@ def _segment_family(args) -> str:
     if args.model_type is not None:
         return "sam3" if args.model_type == "sam3" else "sam"
     if args.exported is not None:
-        return "sam"
+        from .deploy.static_predictor import peek_format
+        from .export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
+
+        if not Path(args.exported).is_dir():
+            raise FileNotFoundError(f"export folder not found: {args.exported}")
+        return "sam3" if peek_format(args.exported) == SAM3_FORMAT else "sam"
     if args.checkpoint is not None:
         from .convert.checkpoint import detect_family
 
@@ -265,7 +313,10 @@ def _check_sam3_clicks(args) -> None:
             "one object like SAM v1; --text (and --box exemplars) finds every instance"
         )
     if args.exported is not None:
-        raise ValueError("--exported runs SAM v1 exports only; SAM 3 needs --checkpoint")
+        raise ValueError(
+            "--point with SAM 3 needs --checkpoint: a SAM 3 export holds the text / box "
+            "grounding programs only, not the interactive heads"
+        )
     if args.checkpoint is None:
         raise ValueError(
             "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
@@ -318,8 +369,8 @@ def _segment_sam3(args) -> int:
     from .predict.io import load_image, overlay, save_mask_png
     from .predict.sam3_processor import Sam3Processor
 
-    if args.exported is not None:
-        raise ValueError("--exported runs SAM v1 exports only; SAM 3 needs --checkpoint")
+    if args.exported is not None and args.checkpoint is not None:
+        raise ValueError("give either --checkpoint or --exported, not both")
     if args.multimask is not None:
         raise ValueError("--multimask / --single-mask are for clicks (--point), not --text")
     if args.text is None and not args.box:
@@ -331,10 +382,10 @@ def _segment_sam3(args) -> int:
         raise ValueError(f"--confidence-threshold must lie in [0, 1], got {threshold:g}")
     if args.bpe is not None and not Path(args.bpe).is_file():
         raise FileNotFoundError(f"BPE vocabulary not found: {args.bpe}")
-    if args.checkpoint is None:
+    if args.checkpoint is None and args.exported is None:
         raise ValueError(
             "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
-            "and pass --checkpoint FILE"
+            "and pass --checkpoint FILE (or --exported DIR from 'paddle-sam export')"
         )
     image = load_image(args.image)
     _check_prompts([], args.box + args.negative_box, image)
@@ -342,13 +393,20 @@ def _segment_sam3(args) -> int:
     _prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
 
     t = time.perf_counter()
-    model = load_sam3(args.checkpoint, bpe_path=args.bpe)
+    if args.exported is not None:
+        from .deploy.static_sam3 import StaticSam3Processor
+
+        processor = StaticSam3Processor(
+            args.exported, confidence_threshold=threshold, bpe_path=args.bpe
+        )
+    else:
+        model = load_sam3(args.checkpoint, bpe_path=args.bpe)
+        processor = Sam3Processor(
+            model,
+            resolution=model.backbone.vision_backbone.trunk.img_size,
+            confidence_threshold=threshold,
+        )
     t_load = time.perf_counter() - t
-    processor = Sam3Processor(
-        model,
-        resolution=model.backbone.vision_backbone.trunk.img_size,
-        confidence_threshold=threshold,
-    )
     t = time.perf_counter()
     state = processor.set_image(image)
     t_embed = time.perf_counter() - t
@@ -394,7 +452,7 @@ def _segment_sam3(args) -> int:
         "image": str(args.image),
         "height": h,
         "width": w,
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": str(args.exported or args.checkpoint),
         "model_type": "sam3",
         "prompts": {
             "text": args.text,
@@ -611,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--exported",
         default=None,
         metavar="DIR",
-        help="run a 'paddle-sam export' folder (Paddle Inference on the CPU, or onnxruntime "
+        help="run a 'paddle-sam export' folder, SAM v1 or SAM 3 (Paddle Inference on the CPU, "
+        "or onnxruntime "
         "for --format onnx)",
     )
     model_args(s, sam3=True)
@@ -619,8 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser(
         "export",
-        help="export to PIR static programs (image encoder and "
-        "prompt decoder) for Paddle Inference",
+        help="export to PIR static programs for Paddle Inference (SAM v1: image encoder and "
+        "prompt decoder; SAM 3: backbone, text encoder and prompt decoder)",
     )
     x.add_argument("-o", "--output", required=True, help="output folder")
     x.add_argument(
@@ -630,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pir: Paddle Inference programs (default); onnx: via paddle2onnx (the onnx extra)",
     )
     x.add_argument("--overwrite", action="store_true")
-    model_args(x)
+    model_args(x, sam3=True)
     x.set_defaults(func=cmd_export)
 
     e = sub.add_parser("everything", help="automatic mask generation over a point grid")

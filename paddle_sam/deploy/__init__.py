@@ -1,7 +1,8 @@
-"""Runtimes for exported programs: Paddle Inference (``StaticSamPredictor``) and onnxruntime
-(``OnnxSamPredictor``, optional ``onnx`` extra)."""
+"""Runtimes for exported programs: Paddle Inference (``StaticSamPredictor``, SAM 3's
+``StaticSam3Processor``) and onnxruntime (``OnnxSamPredictor``, optional ``onnx`` extra)."""
 
 from .static_predictor import StaticSamPredictor
+from .static_sam3 import StaticSam3Processor
 
 
 def __getattr__(name: str):
@@ -12,4 +13,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["OnnxSamPredictor", "StaticSamPredictor"]
+__all__ = ["OnnxSamPredictor", "StaticSam3Processor", "StaticSamPredictor"]

@@ -44,8 +44,15 @@ def peek_format(export_dir: str | os.PathLike) -> str | None:
         return None
 
 
-def read_manifest(export_dir: str | os.PathLike, fmt: str = EXPORT_FORMAT) -> dict:
-    """``export.json`` of an export folder in format ``fmt``, every file it lists checked."""
+def read_manifest(
+    export_dir: str | os.PathLike,
+    fmt: str = EXPORT_FORMAT,
+    *,
+    version: int = FORMAT_VERSION,
+    programs: tuple[str, ...] = PROGRAMS,
+) -> dict:
+    """``export.json`` of an export folder in format ``fmt`` and ``version``, every file it
+    lists for ``programs`` checked."""
     d = Path(export_dir)
     if not d.is_dir():
         raise FileNotFoundError(f"export folder not found: {d}")
@@ -59,18 +66,117 @@ def read_manifest(export_dir: str | os.PathLike, fmt: str = EXPORT_FORMAT) -> di
     if not isinstance(manifest, dict) or manifest.get("format") != fmt:
         got = manifest.get("format") if isinstance(manifest, dict) else None
         raise ExportFormatError(f"{path}: format {got!r}, expected {fmt!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") != version:
         raise ExportFormatError(
             f"{path}: export format version {manifest.get('format_version')!r}, this "
-            f"paddle-sam reads version {FORMAT_VERSION}; export the model again"
+            f"paddle-sam reads version {version}; export the model again"
         )
     listed = manifest.get("programs") or {}
-    for prog in [*PROGRAMS, *(p for p in listed if p not in PROGRAMS)]:
+    for prog in [*programs, *(p for p in listed if p not in programs)]:
         for name in listed.get(prog) or [f"{prog} (not listed)"]:
             f = d / name
             if not f.is_file() or f.stat().st_size == 0:
                 raise ExportFormatError(f"{d}: {f.name} is missing or empty")
     return manifest
+
+
+def inference_options(
+    programs: tuple[str, ...],
+    onednn_programs: tuple[str, ...],
+    *,
+    device: str,
+    threads: int | None,
+    backend: str,
+    ir_optim: bool,
+    memory_optim: bool,
+    gpu_memory_mb: int,
+    device_id: int,
+    verbose: bool,
+    **extra,
+) -> dict:
+    """Checked options for :func:`create_predictor`; oneDNN for ``onednn_programs`` on the
+    CPU only."""
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    if backend not in ("paddle", "tensorrt"):
+        raise ValueError(f"backend must be 'paddle' or 'tensorrt', got {backend!r}")
+    if backend == "tensorrt" and device != "gpu":
+        raise ValueError("backend='tensorrt' needs device='gpu'")
+    return dict(
+        device=device,
+        threads=threads,
+        backend=backend,
+        ir_optim=ir_optim,
+        memory_optim=memory_optim,
+        onednn={p: device == "cpu" and p in onednn_programs for p in programs},
+        gpu_memory_mb=gpu_memory_mb,
+        device_id=device_id,
+        verbose=verbose,
+        **extra,
+    )
+
+
+def create_predictor(export_dir: Path, prog: str, opts: dict, trt_shapes=None):
+    """A Paddle Inference predictor for ``export_dir / prog``, configured from ``opts``
+    (device, threads, backend, ir_optim, memory_optim, onednn: {program: bool},
+    gpu_memory_mb, device_id, verbose). ``trt_shapes(config)`` sets TensorRT's dynamic shapes.
+    A refused oneDNN or memory optimisation falls back with a warning and is recorded in
+    ``opts``, so the next program does not retry it."""
+    cfg = inference.Config(str(export_dir / f"{prog}.json"), str(export_dir / f"{prog}.pdiparams"))
+    cfg.switch_ir_optim(opts["ir_optim"])
+    if not opts["verbose"]:
+        cfg.disable_glog_info()
+    if opts["device"] == "cpu":
+        cfg.disable_gpu()
+        cfg.set_cpu_math_library_num_threads(int(opts["threads"] or cpu_count()))
+        if opts["onednn"][prog]:
+            cfg.enable_mkldnn()
+        else:
+            cfg.disable_mkldnn()
+    else:  # unverified on hardware, see the module docstring
+        cfg.enable_use_gpu(opts["gpu_memory_mb"], opts["device_id"])
+        if opts["backend"] == "tensorrt":
+            cfg.enable_tensorrt_engine(
+                workspace_size=1 << 30,
+                max_batch_size=1,
+                min_subgraph_size=3,
+                precision_mode=inference.PrecisionType.Half,
+                use_static=False,
+                use_calib_mode=False,
+            )
+            if trt_shapes is not None:
+                trt_shapes(cfg)
+    if opts["memory_optim"]:
+        cfg.enable_memory_optim()
+    try:
+        return inference.create_predictor(cfg)
+    except Exception as exc:  # paddle raises ValueError/RuntimeError for config problems
+        if opts["device"] == "cpu" and opts["onednn"][prog]:
+            warnings.warn(
+                f"oneDNN failed on {prog} ({str(exc).splitlines()[0][:200]}); "
+                "running it without oneDNN",
+                stacklevel=4,
+            )
+            opts["onednn"][prog] = False
+            return create_predictor(export_dir, prog, opts, trt_shapes)
+        if opts["memory_optim"]:
+            warnings.warn(
+                f"memory optimisation unavailable ({exc}); running without it", stacklevel=4
+            )
+            opts["memory_optim"] = False
+            return create_predictor(export_dir, prog, opts, trt_shapes)
+        raise ExportFormatError(f"cannot load {export_dir / prog}.json: {exc}") from exc
+
+
+def run_predictor(predictor, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Feed ``inputs`` by name, run, return the outputs in the program's order."""
+    for name in predictor.get_input_names():
+        h = predictor.get_input_handle(name)
+        arr = np.ascontiguousarray(inputs[name])
+        h.reshape(list(arr.shape))
+        h.copy_from_cpu(arr)
+    predictor.run()
+    return [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
 
 
 # oneDNN runs the prompt decoder only. Measured on Paddle Inference 3.3.1: oneDNN + PIR fails
@@ -175,25 +281,18 @@ class StaticSamPredictor(ExportedSamPredictor):
         falls back to its own kernels with a warning. verbose: keep Paddle Inference's own
         log (every optimisation pass it runs); quiet by default.
         """
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-        if backend not in ("paddle", "tensorrt"):
-            raise ValueError(f"backend must be 'paddle' or 'tensorrt', got {backend!r}")
-        if backend == "tensorrt" and device != "gpu":
-            raise ValueError("backend='tensorrt' needs device='gpu'")
-        programs = (*PROGRAMS, FEW_TOKENS_PROGRAM)
-        use_onednn = {p: onednn and device == "cpu" and p in ONEDNN_PROGRAMS for p in programs}
-        opts = dict(
+        opts = inference_options(
+            (*PROGRAMS, FEW_TOKENS_PROGRAM),
+            ONEDNN_PROGRAMS if onednn else (),
             device=device,
             threads=threads,
             backend=backend,
             ir_optim=ir_optim,
             memory_optim=memory_optim,
-            onednn=use_onednn,
             gpu_memory_mb=gpu_memory_mb,
             device_id=device_id,
-            max_points=max_points,
             verbose=verbose,
+            max_points=max_points,
         )
         self.options = opts
         super().__init__(export_dir, read_manifest(export_dir))
@@ -209,52 +308,12 @@ class StaticSamPredictor(ExportedSamPredictor):
 
     def _create(self, prog: str, opts: dict):
         """A Paddle Inference predictor for one program, configured from ``opts``."""
-        cfg = inference.Config(
-            str(self.export_dir / f"{prog}.json"), str(self.export_dir / f"{prog}.pdiparams")
-        )
-        cfg.switch_ir_optim(opts["ir_optim"])
-        if not opts["verbose"]:
-            cfg.disable_glog_info()
-        if opts["device"] == "cpu":
-            cfg.disable_gpu()
-            cfg.set_cpu_math_library_num_threads(int(opts["threads"] or cpu_count()))
-            if opts["onednn"][prog]:
-                cfg.enable_mkldnn()
-            else:
-                cfg.disable_mkldnn()
-        else:  # unverified on hardware, see the module docstring
-            cfg.enable_use_gpu(opts["gpu_memory_mb"], opts["device_id"])
-            if opts["backend"] == "tensorrt":
-                cfg.enable_tensorrt_engine(
-                    workspace_size=1 << 30,
-                    max_batch_size=1,
-                    min_subgraph_size=3,
-                    precision_mode=inference.PrecisionType.Half,
-                    use_static=False,
-                    use_calib_mode=False,
-                )
-                if prog != "image_encoder":
-                    self._set_trt_shapes(cfg, opts["max_points"])
-        if opts["memory_optim"]:
-            cfg.enable_memory_optim()
-        try:
-            return inference.create_predictor(cfg)
-        except Exception as exc:  # paddle raises ValueError/RuntimeError for config problems
-            if opts["device"] == "cpu" and opts["onednn"][prog]:
-                warnings.warn(
-                    f"oneDNN failed on {prog} ({str(exc).splitlines()[0][:200]}); "
-                    "running it without oneDNN",
-                    stacklevel=3,
-                )
-                opts["onednn"][prog] = False
-                return self._create(prog, opts)
-            if opts["memory_optim"]:
-                warnings.warn(
-                    f"memory optimisation unavailable ({exc}); running without it", stacklevel=3
-                )
-                opts["memory_optim"] = False  # recorded, so the next program does not retry
-                return self._create(prog, opts)
-            raise ExportFormatError(f"cannot load {self.export_dir / prog}.json: {exc}") from exc
+
+        def trt_shapes(cfg) -> None:
+            if prog != "image_encoder":
+                self._set_trt_shapes(cfg, opts["max_points"])
+
+        return create_predictor(self.export_dir, prog, opts, trt_shapes)
 
     def _set_trt_shapes(self, cfg, max_points: int) -> None:
         grid = self.mask_input_size[0] // 4
@@ -269,18 +328,8 @@ class StaticSamPredictor(ExportedSamPredictor):
         opt = {**fixed, "point_coords": [1, 2, 2], "point_labels": [1, 2]}
         cfg.set_trt_dynamic_shape_info(lo, hi, opt)
 
-    @staticmethod
-    def _run(predictor, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-        for name in predictor.get_input_names():
-            h = predictor.get_input_handle(name)
-            arr = np.ascontiguousarray(inputs[name])
-            h.reshape(list(arr.shape))
-            h.copy_from_cpu(arr)
-        predictor.run()
-        return [predictor.get_output_handle(n).copy_to_cpu() for n in predictor.get_output_names()]
-
     def _run_encoder(self, image: np.ndarray) -> np.ndarray:
-        return self._run(self._encoder, {"image": image})[0]
+        return run_predictor(self._encoder, {"image": image})[0]
 
     def release_memory(self) -> None:
         """Drop both programs' intermediate tensors and shrink Paddle Inference's memory pool
@@ -295,7 +344,7 @@ class StaticSamPredictor(ExportedSamPredictor):
     def _run_decoder(self, feeds, multimask_output):
         tokens = 1 + int(self.manifest["num_mask_tokens"]) + feeds["point_labels"].shape[1]
         few = self._decoder_few is not None and tokens <= self._few_tokens_max
-        iou, low_res = self._run(self._decoder_few if few else self._decoder, feeds)
+        iou, low_res = run_predictor(self._decoder_few if few else self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
         iou, low_res = iou[0, sl], low_res[:, sl]
         # the dynamic model's own upscaling, on the masks kept only

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from ..models.sam import Sam
-from .sam_v1 import MANIFEST, PROGRAMS, check_outputs, save_programs, write_manifest
+from .sam_v1 import MANIFEST, PROGRAMS, check_outputs, sam_fields, save_programs, write_manifest
 
 ONNX_FORMAT = "paddle-sam/sam_v1-onnx"
 DEFAULT_OPSET = 17
@@ -63,11 +63,11 @@ def export_onnx(
             shutil.move(str(tmp / f"{prog}.onnx"), out / f"{prog}.onnx")
     return write_manifest(
         out,
-        sam,
         ONNX_FORMAT,
         programs,
         model_type=model_type,
         source_sha256=source_sha256,
+        **sam_fields(sam),
         opset=opset,
         paddle2onnx_version=p2o.__version__,
         decoder_outputs=["masks", "iou_predictions", "low_res_masks"],

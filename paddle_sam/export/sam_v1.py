@@ -180,26 +180,33 @@ def check_outputs(out: Path, files: list[str], overwrite: bool) -> None:
         raise FileExistsError(f"output {out} exists and is not a folder")
 
 
-def write_manifest(out: Path, sam: Sam, fmt: str, programs: dict, **extra) -> dict:
-    """``export.json``: what a runtime needs (sizes, normalisation, versions, checksum)."""
+def write_manifest(
+    out: Path, fmt: str, programs: dict, *, format_version: int = FORMAT_VERSION, **fields
+) -> dict:
+    """``export.json``: the format, what a runtime needs (``fields``: sizes, normalisation,
+    checksum), the Paddle version and the program files; returns it as read back."""
     manifest = {
         "format": fmt,
-        "format_version": FORMAT_VERSION,
-        "model_type": extra.pop("model_type", None),
+        "format_version": format_version,
+        **fields,
+        "paddle_version": paddle.__version__,
+        "programs": programs,
+    }
+    text = json.dumps(manifest, indent=2)
+    (out / MANIFEST).write_text(text + "\n")
+    return json.loads(text)
+
+
+def sam_fields(sam: Sam) -> dict:
+    """The manifest fields of a SAM v1 model (sizes, normalisation, mask threshold)."""
+    return {
         "spec": sam.spec.to_dict(),
         "image_size": sam.spec.image_size,
         "pixel_mean": [float(v) for v in sam.pixel_mean.numpy().ravel()],
         "pixel_std": [float(v) for v in sam.pixel_std.numpy().ravel()],
         "mask_threshold": float(sam.mask_threshold),
         "num_mask_tokens": int(sam.mask_decoder.num_mask_tokens),
-        "paddle_version": paddle.__version__,
-        "source_sha256": extra.pop("source_sha256", None),
-        "programs": programs,
-        **extra,
     }
-    text = json.dumps(manifest, indent=2)
-    (out / MANIFEST).write_text(text + "\n")
-    return json.loads(text)
 
 
 def export_sam(
@@ -218,10 +225,10 @@ def export_sam(
     save_programs(sam, out, upscale=False, fast=True)
     return write_manifest(
         out,
-        sam,
         EXPORT_FORMAT,
         programs,
         model_type=model_type,
         source_sha256=source_sha256,
         few_tokens_max=few_tokens_max(sam),
+        **sam_fields(sam),
     )

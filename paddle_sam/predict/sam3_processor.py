@@ -15,6 +15,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..models.sam3.box_ops import box_cxcywh_to_xyxy
+from ..models.sam3.geometry_encoders import Prompt
 from ..models.sam3.sam3_image import FindStage, Sam3Image
 from .predictor import check_image
 
@@ -90,32 +91,43 @@ def _as_rgb_array(image: Any) -> np.ndarray:
     )
 
 
-class Sam3Processor:
-    """Text / box prompted segmentation with a SAM 3 image model, upstream's API."""
+def preprocess_sam3_image(image: np.ndarray, resolution: int) -> np.ndarray:
+    """``H x W x 3`` uint8 -> ``3 x R x R`` float32 in [-1, 1] (mean = std = 0.5)."""
+    x = resize_uint8_antialias(image, resolution, resolution)
+    x = x.transpose(2, 0, 1).astype(np.float32) / 255.0
+    return (x - 0.5) / 0.5
 
-    def __init__(
-        self,
-        model: Sam3Image,
-        resolution: int = 1008,
-        device: str | None = None,
-        confidence_threshold: float = 0.5,
-    ) -> None:
-        if device is not None:
-            paddle.set_device(device)
-        self.model = model
-        self.resolution = resolution
-        self.device = device
-        self.confidence_threshold = confidence_threshold
-        self.find_stage = FindStage(
-            img_ids=paddle.to_tensor([0], dtype="int64"),
-            text_ids=paddle.to_tensor([0], dtype="int64"),
-        )
 
-    def _preprocess(self, image: np.ndarray) -> paddle.Tensor:
-        """``H x W x 3`` uint8 -> ``3 x R x R`` float32 in [-1, 1] (mean = std = 0.5)."""
-        x = resize_uint8_antialias(image, self.resolution, self.resolution)
-        x = x.transpose(2, 0, 1).astype(np.float32) / 255.0
-        return paddle.to_tensor((x - 0.5) / 0.5)
+class Sam3ProcessorBase:
+    """Upstream's ``Sam3Processor`` API over four steps a runtime provides: the backbone on
+    an image batch, the text encoder on one prompt, appending a box to the geometric prompt,
+    and the heads on a state. ``Sam3Processor`` runs the dynamic model;
+    ``paddle_sam.deploy.StaticSam3Processor`` the exported programs."""
+
+    resolution: int
+    confidence_threshold: float
+
+    def _run_backbone(self, images: np.ndarray) -> dict:
+        """``B x 3 x R x R`` preprocessed images -> ``backbone_out``."""
+        raise NotImplementedError
+
+    def _encode_text(self, prompt: str) -> dict:
+        """-> ``language_features`` and ``language_mask`` (and what else the runtime keeps)."""
+        raise NotImplementedError
+
+    def _empty_prompt(self) -> Any:
+        raise NotImplementedError
+
+    def _append_box(self, prompt: Any, box: np.ndarray, label: bool) -> Any:
+        """``box``: 4 float32 (cx, cy, w, h); returns the prompt with the box appended."""
+        raise NotImplementedError
+
+    def _run_heads(self, state: dict) -> dict:
+        """-> ``pred_logits``, ``pred_boxes``, ``presence_logit_dec``, ``pred_masks``."""
+        raise NotImplementedError
+
+    def _preprocess(self, image: np.ndarray) -> np.ndarray:
+        return preprocess_sam3_image(image, self.resolution)
 
     @paddle.no_grad()
     def set_image(self, image: Any, state: dict | None = None) -> dict:
@@ -123,21 +135,8 @@ class Sam3Processor:
         state = {} if state is None else state
         array = _as_rgb_array(image)
         state["original_height"], state["original_width"] = array.shape[:2]
-        state["backbone_out"] = self.model.backbone.forward_image(
-            self._preprocess(array).unsqueeze(0)
-        )
-        self._project_sam2_features(state["backbone_out"])
+        state["backbone_out"] = self._run_backbone(self._preprocess(array)[None])
         return state
-
-    def _project_sam2_features(self, backbone_out: dict) -> None:
-        """With the interactive predictor, run its decoder's 1x1 projections of the two finest
-        second-neck levels once per image (upstream does it here too)."""
-        sam2 = backbone_out.get("sam2_backbone_out")
-        if self.model.inst_interactive_predictor is None or sam2 is None:
-            return
-        decoder = self.model.inst_interactive_predictor.model.sam_mask_decoder
-        sam2["backbone_fpn"][0] = decoder.conv_s0(sam2["backbone_fpn"][0])
-        sam2["backbone_fpn"][1] = decoder.conv_s1(sam2["backbone_fpn"][1])
 
     @paddle.no_grad()
     def set_image_batch(self, images: list, state: dict | None = None) -> dict:
@@ -148,9 +147,7 @@ class Sam3Processor:
         arrays = [_as_rgb_array(im) for im in images]
         state["original_heights"] = [a.shape[0] for a in arrays]
         state["original_widths"] = [a.shape[1] for a in arrays]
-        batch = paddle.stack([self._preprocess(a) for a in arrays])
-        state["backbone_out"] = self.model.backbone.forward_image(batch)
-        self._project_sam2_features(state["backbone_out"])
+        state["backbone_out"] = self._run_backbone(np.stack([self._preprocess(a) for a in arrays]))
         return state
 
     @paddle.no_grad()
@@ -160,9 +157,9 @@ class Sam3Processor:
             raise ValueError("You must call set_image before set_text_prompt")
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
-        state["backbone_out"].update(self.model.backbone.forward_text([prompt]))
+        state["backbone_out"].update(self._encode_text(prompt))
         if "geometric_prompt" not in state:
-            state["geometric_prompt"] = self.model._get_dummy_prompt()
+            state["geometric_prompt"] = self._empty_prompt()
         return self._forward_grounding(state)
 
     @paddle.no_grad()
@@ -175,13 +172,10 @@ class Sam3Processor:
             raise ValueError(f"box must be 4 finite numbers [cx, cy, w, h], got {box.tolist()}")
         if "language_features" not in state["backbone_out"]:
             # no text yet: upstream prompts the text encoder with "visual"
-            state["backbone_out"].update(self.model.backbone.forward_text(["visual"]))
+            state["backbone_out"].update(self._encode_text("visual"))
         if "geometric_prompt" not in state:
-            state["geometric_prompt"] = self.model._get_dummy_prompt()
-        state["geometric_prompt"].append_boxes(
-            paddle.to_tensor(box).reshape([1, 1, 4]),
-            paddle.to_tensor([[int(bool(label))]], dtype="int64"),
-        )
+            state["geometric_prompt"] = self._empty_prompt()
+        state["geometric_prompt"] = self._append_box(state["geometric_prompt"], box, label)
         return self._forward_grounding(state)
 
     def reset_all_prompts(self, state: dict) -> None:
@@ -203,32 +197,96 @@ class Sam3Processor:
     def _forward_grounding(self, state: dict) -> dict:
         if "original_height" not in state:
             raise ValueError("prompts need an image set with set_image (not set_image_batch)")
-        out = self.model.forward_grounding(
+        out = self._run_heads(state)
+        state.update(postprocess_grounding(out, state, self.confidence_threshold))
+        return state
+
+
+class Sam3Processor(Sam3ProcessorBase):
+    """Text / box prompted segmentation with a SAM 3 image model, upstream's API."""
+
+    def __init__(
+        self,
+        model: Sam3Image,
+        resolution: int = 1008,
+        device: str | None = None,
+        confidence_threshold: float = 0.5,
+    ) -> None:
+        if device is not None:
+            paddle.set_device(device)
+        self.model = model
+        self.resolution = resolution
+        self.device = device
+        self.confidence_threshold = confidence_threshold
+        self.find_stage = FindStage(
+            img_ids=paddle.to_tensor([0], dtype="int64"),
+            text_ids=paddle.to_tensor([0], dtype="int64"),
+        )
+
+    def _run_backbone(self, images: np.ndarray) -> dict:
+        backbone_out = self.model.backbone.forward_image(paddle.to_tensor(images))
+        self._project_sam2_features(backbone_out)
+        return backbone_out
+
+    def _project_sam2_features(self, backbone_out: dict) -> None:
+        """With the interactive predictor, run its decoder's 1x1 projections of the two finest
+        second-neck levels once per image (upstream does it here too)."""
+        sam2 = backbone_out.get("sam2_backbone_out")
+        if self.model.inst_interactive_predictor is None or sam2 is None:
+            return
+        decoder = self.model.inst_interactive_predictor.model.sam_mask_decoder
+        sam2["backbone_fpn"][0] = decoder.conv_s0(sam2["backbone_fpn"][0])
+        sam2["backbone_fpn"][1] = decoder.conv_s1(sam2["backbone_fpn"][1])
+
+    def _encode_text(self, prompt: str) -> dict:
+        return self.model.backbone.forward_text([prompt])
+
+    def _empty_prompt(self) -> Prompt:
+        return self.model._get_dummy_prompt()
+
+    def _append_box(self, prompt: Prompt, box: np.ndarray, label: bool) -> Prompt:
+        prompt.append_boxes(
+            paddle.to_tensor(box).reshape([1, 1, 4]),
+            paddle.to_tensor([[int(bool(label))]], dtype="int64"),
+        )
+        return prompt
+
+    def _run_heads(self, state: dict) -> dict:
+        return self.model.forward_grounding(
             backbone_out=state["backbone_out"],
             find_input=self.find_stage,
             geometric_prompt=state["geometric_prompt"],
             find_target=None,
         )
-        probs = F.sigmoid(out["pred_logits"]) * F.sigmoid(out["presence_logit_dec"]).unsqueeze(1)
-        probs = probs.squeeze(-1)  # 1 x Q
-        keep = paddle.nonzero(probs > self.confidence_threshold)  # K x 2
-        img_h, img_w = state["original_height"], state["original_width"]
-        masks = out["pred_masks"]
-        if keep.shape[0] == 0:
-            state["masks_logits"] = paddle.zeros([0, 1, img_h, img_w], "float32")
-            state["masks"] = paddle.zeros([0, 1, img_h, img_w], "bool")
-            state["boxes"] = paddle.zeros([0, 4], "float32")
-            state["scores"] = paddle.zeros([0], "float32")
-            return state
-        scores = paddle.gather_nd(probs, keep)
-        boxes = box_cxcywh_to_xyxy(paddle.gather_nd(out["pred_boxes"], keep))
-        boxes = boxes * paddle.to_tensor([img_w, img_h, img_w, img_h], dtype=boxes.dtype)
-        masks = paddle.gather_nd(masks, keep).unsqueeze(1)
-        masks = F.sigmoid(
-            F.interpolate(masks, size=(img_h, img_w), mode="bilinear", align_corners=False)
-        )
-        state["masks_logits"] = masks
-        state["masks"] = masks > 0.5
-        state["boxes"] = boxes
-        state["scores"] = scores
-        return state
+
+
+@paddle.no_grad()
+def postprocess_grounding(out: dict, state: dict, threshold: float) -> dict:
+    """The heads' outputs -> the results ``Sam3Processor`` puts in its state.
+
+    ``out``: ``pred_logits`` ``1 x Q x 1``, ``presence_logit_dec`` ``1 x 1``, ``pred_boxes``
+    ``1 x Q x 4`` (cx, cy, w, h in [0, 1]), ``pred_masks`` ``1 x Q x h x w`` low-res logits
+    (paddle tensors). Queries scoring above ``threshold`` are kept; their masks are upscaled
+    to the image of ``state`` (``original_height`` / ``original_width``). Returns ``masks``
+    (``K x 1 x H x W`` bool), ``masks_logits`` (probabilities), ``boxes`` (``K x 4`` xyxy
+    pixels), ``scores`` (``K``). Shared by the dynamic and the exported runtimes.
+    """
+    probs = F.sigmoid(out["pred_logits"]) * F.sigmoid(out["presence_logit_dec"]).unsqueeze(1)
+    probs = probs.squeeze(-1)  # 1 x Q
+    keep = paddle.nonzero(probs > threshold)  # K x 2
+    img_h, img_w = state["original_height"], state["original_width"]
+    if keep.shape[0] == 0:
+        return {
+            "masks_logits": paddle.zeros([0, 1, img_h, img_w], "float32"),
+            "masks": paddle.zeros([0, 1, img_h, img_w], "bool"),
+            "boxes": paddle.zeros([0, 4], "float32"),
+            "scores": paddle.zeros([0], "float32"),
+        }
+    scores = paddle.gather_nd(probs, keep)
+    boxes = box_cxcywh_to_xyxy(paddle.gather_nd(out["pred_boxes"], keep))
+    boxes = boxes * paddle.to_tensor([img_w, img_h, img_w, img_h], dtype=boxes.dtype)
+    masks = paddle.gather_nd(out["pred_masks"], keep).unsqueeze(1)
+    masks = F.sigmoid(
+        F.interpolate(masks, size=(img_h, img_w), mode="bilinear", align_corners=False)
+    )
+    return {"masks_logits": masks, "masks": masks > 0.5, "boxes": boxes, "scores": scores}

@@ -150,12 +150,15 @@ class TransformerEncoderFusion(nn.Layer):
 
         Returns ``memory`` and ``pos_embed`` as ``sum(HW) x B x C``, plus level bookkeeping.
         """
-        if len(src) != self.num_feature_levels:
-            raise ValueError(f"expected {self.num_feature_levels} feature levels, got {len(src)}")
+        if len(src) != self.num_feature_levels or len(src_pos) != len(src):
+            raise ValueError(
+                f"expected {self.num_feature_levels} feature levels and positions, got "
+                f"{len(src)} and {len(src_pos)}"
+            )
         bs = src[0].shape[1] if feat_sizes is not None else src[0].shape[0]
         masks = list(src_key_padding_mask) if src_key_padding_mask else [None] * len(src)
         flat, flat_pos, flat_mask, shapes = [], [], [], []
-        for lvl, (x, p) in enumerate(zip(src, src_pos, strict=True)):
+        for lvl, (x, p) in enumerate(zip(src, src_pos)):  # noqa: B905 - lengths checked above
             if feat_sizes is not None:
                 h, w = feat_sizes[lvl]
                 x = x.transpose([1, 0, 2])  # B x HW x C

@@ -13,7 +13,7 @@ from paddle.vision.ops import roi_align
 
 from ..common import Linear
 from .box_ops import box_cxcywh_to_xyxy
-from .model_misc import get_clones
+from .model_misc import get_clones, is_static_size
 
 
 def concat_padded_sequences(
@@ -30,7 +30,9 @@ def concat_padded_sequences(
     """
     l1, b, c = seq1.shape
     l2 = seq2.shape[0]
-    if seq2.shape[1] != b or mask1.shape != [b, l1] or mask2.shape != [b, l2]:
+    if paddle.in_dynamic_mode() and (
+        seq2.shape[1] != b or mask1.shape != [b, l1] or mask2.shape != [b, l2]
+    ):
         raise ValueError(
             f"inconsistent shapes: seq1 {seq1.shape}, mask1 {mask1.shape}, seq2 {seq2.shape}, "
             f"mask2 {mask2.shape}"
@@ -39,7 +41,7 @@ def concat_padded_sequences(
     len2 = (~mask2).astype("int64").sum(-1)
     mask = paddle.arange(l1 + l2, dtype="int64").unsqueeze(0) >= (len1 + len2).unsqueeze(1)
     out = paddle.concat([seq1.astype(seq2.dtype), paddle.zeros([l2, b, c], seq2.dtype)], axis=0)
-    if l2 == 0:
+    if is_static_size(l2) and l2 == 0:
         return out, mask
     index = paddle.arange(l2, dtype="int64").unsqueeze(1) + len1.unsqueeze(0)  # L2 x B
     index = index.unsqueeze(-1).expand([l2, b, c])
@@ -90,10 +92,11 @@ class Prompt:
             raise ValueError(f"{what} embeddings must be N x {bs} x {dim}, got {emb.shape}")
         labels = paddle.ones([n, bs], "int64") if labels is None else labels.astype("int64")
         mask = paddle.zeros([bs, n], "bool") if mask is None else mask.astype("bool")
-        if labels.shape != [n, bs]:
-            raise ValueError(f"{what} labels must be {[n, bs]}, got {labels.shape}")
-        if mask.shape != [bs, n]:
-            raise ValueError(f"{what} mask must be {[bs, n]}, got {mask.shape}")
+        if paddle.in_dynamic_mode():  # a static graph's dynamic N is a tensor, not comparable
+            if labels.shape != [n, bs]:
+                raise ValueError(f"{what} labels must be {[n, bs]}, got {labels.shape}")
+            if mask.shape != [bs, n]:
+                raise ValueError(f"{what} mask must be {[bs, n]}, got {mask.shape}")
         return emb, labels, mask
 
     def _append(self, kind: str, emb: paddle.Tensor, labels: paddle.Tensor, mask) -> None:
@@ -220,7 +223,7 @@ class SequenceGeometryEncoder(nn.Layer):
         img_feats: paddle.Tensor | None,
     ) -> paddle.Tensor:
         n, bs = points.shape[:2]
-        if n == 0:
+        if is_static_size(n) and n == 0:
             return paddle.zeros([0, bs, self.d_model], points.dtype)
         embed = None
         if self.points_direct_project is not None:
@@ -245,7 +248,7 @@ class SequenceGeometryEncoder(nn.Layer):
         img_feats: paddle.Tensor | None,
     ) -> paddle.Tensor:
         n, bs = boxes.shape[:2]
-        if n == 0:
+        if is_static_size(n) and n == 0:
             return paddle.zeros([0, bs, self.d_model], boxes.dtype)
         embed = None
         if self.boxes_direct_project is not None:

@@ -24,6 +24,13 @@ def inverse_sigmoid(x: paddle.Tensor, eps: float = 1e-3) -> paddle.Tensor:
     return paddle.log(x.clip(min=eps) / (1 - x).clip(min=eps))
 
 
+def is_static_size(n: object) -> bool:
+    """Whether a size from ``x.shape`` is a Python int. Always in dygraph; in a static graph
+    only for sizes fixed at export (a dynamic one is a tensor there), so shape-dependent
+    Python control flow can take the branch that is valid for every size."""
+    return isinstance(n, int)
+
+
 _ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
 
 
@@ -95,13 +102,18 @@ class MultiheadAttention(nn.Layer):
         q = q * (1.0 / math.sqrt(d))
         # Rows of the attention matrix are independent: compute them in blocks of at most
         # _ATTN_BLOCK scores, so B x h x Lq x Lk (860 MB for SAM 3's 72x72 encoder) is never
-        # materialised at once.
-        step = max(1, _ATTN_BLOCK // max(1, b * h * n_k))
+        # materialised at once. A static graph with a dynamic length (prompt tokens) runs
+        # one block: those matrices are small.
+        one_block, step = True, 0
+        if is_static_size(n_q) and is_static_size(n_k):
+            step = max(1, _ATTN_BLOCK // max(1, b * h * n_k))
+            one_block = step >= n_q
         outs = []
-        for i in range(0, n_q, step):
-            attn = paddle.matmul(q[:, :, i : i + step], k, transpose_y=True)
+        for i in [0] if one_block else range(0, n_q, step):
+            attn = paddle.matmul(q if one_block else q[:, :, i : i + step], k, transpose_y=True)
             if mask is not None:
-                attn = attn + (mask[:, :, i : i + step] if mask.shape[2] > 1 else mask)
+                whole = one_block or mask.shape[2] == 1
+                attn = attn + (mask if whole else mask[:, :, i : i + step])
             attn = F.softmax(attn, axis=-1)
             if self.training and self.dropout > 0:
                 attn = F.dropout(attn, self.dropout)

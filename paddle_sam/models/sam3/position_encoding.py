@@ -49,7 +49,7 @@ class PositionEmbeddingSine(nn.Layer):
 
     def _encode_xy(self, x: paddle.Tensor, y: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """Normalised coordinates ``N`` and ``N`` -> encodings ``N x n`` each (x, y)."""
-        if x.ndim != 1 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        if x.ndim != 1 or y.ndim != 1 or (paddle.in_dynamic_mode() and x.shape[0] != y.shape[0]):
             raise ValueError(f"x and y must be 1-D of one length, got {x.shape} and {y.shape}")
         dim_t = self._dim_t()
         pos_x = self._sin_cos((x * self.scale).unsqueeze(-1) / dim_t)

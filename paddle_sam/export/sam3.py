@@ -1,0 +1,197 @@
+"""Export the SAM 3 image model to three PIR static programs and a manifest.
+
+``backbone.{json,pdiparams}``: preprocessed image (1 x 3 x R x R, as ``Sam3Processor``
+prepares it) -> the FPN levels the heads use (``backbone_fpn_i``, 1 x d x h_i x w_i).
+``text_encoder.{json,pdiparams}``: token ids (1 x context length; the tokenizer stays in
+Python, shared with the dynamic path) -> ``language_features`` (L x 1 x d) and
+``language_mask`` (1 x L, True = padding). ``prompt_decoder.{json,pdiparams}``: FPN levels +
+text features + boxes (1 x N x 4, normalised cx, cy, w, h; labels 1 x N; padding mask 1 x N)
+-> ``pred_logits`` (1 x Q x 1), ``pred_boxes`` (1 x Q x 4), ``presence_logit_dec`` (1 x 1),
+``pred_masks`` (1 x Q x h0 x w0 low-res logits). The number of boxes is dynamic; "no box" is
+one padding box (mask True), which is exactly the dynamic model's empty prompt: a padded
+token is masked out of every attention and every pooling (tests/test_export_sam3.py checks it).
+The vision position encoding is a constant of the grid: stored in the decoder program.
+Upscaling, sigmoid and thresholding stay in the runtime (``postprocess_grounding``, shared
+with ``Sam3Processor``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import paddle
+from paddle import nn
+from paddle.static import InputSpec
+
+from ..models.sam3.build_sam3 import Sam3Spec
+from ..models.sam3.geometry_encoders import Prompt
+from ..models.sam3.sam3_image import FindStage, Sam3Image
+from .sam_v1 import MANIFEST, check_outputs, write_manifest
+
+EXPORT_FORMAT = "paddle-sam/sam3-static"
+FORMAT_VERSION = 1
+PROGRAMS = ("backbone", "text_encoder", "prompt_decoder")
+DECODER_OUTPUTS = ("pred_logits", "pred_boxes", "presence_logit_dec", "pred_masks")
+# the box fed for "no box": any finite box, masked out (its value never reaches an output)
+PAD_BOX = (0.5, 0.5, 1.0, 1.0)
+
+
+def fpn_shapes(model: Sam3Image) -> list[list[int]]:
+    """``[d, h, w]`` of each FPN level the backbone returns (after the scalp)."""
+    neck = model.backbone.vision_backbone
+    size = neck.trunk.img_size
+    grid = size // neck.trunk.patch_size
+    scales = neck.scale_factors[: len(neck.scale_factors) - model.backbone.scalp]
+    d = model.hidden_dim
+    return [[d, int(grid * s), int(grid * s)] for s in scales]
+
+
+class Backbone(nn.Layer):
+    """Image -> the backbone's FPN levels (``backbone.forward_image``'s ``backbone_fpn``)."""
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.backbone = model.backbone
+
+    def forward(self, image: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
+        return tuple(self.backbone.forward_image(image)["backbone_fpn"])
+
+
+class TextEncoder(nn.Layer):
+    """Token ids ``B x L`` -> (``language_features`` ``L x B x d``, ``language_mask`` ``B x L``),
+    what ``backbone.forward_text`` puts in ``backbone_out`` for the heads."""
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.text = model.backbone.language_backbone
+
+    def forward(self, token_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        mask, memory, _ = self.text.encode_tokens(token_ids)
+        return memory, mask
+
+
+class PromptDecoder(nn.Layer):
+    """``Sam3Image.forward_grounding`` on one image with one text and N >= 1 boxes.
+
+    Inputs: FPN levels ``1 x d x h_i x w_i``; language_features ``L x 1 x d``; language_mask
+    ``1 x L`` bool; boxes ``1 x N x 4`` (cx, cy, w, h in [0, 1]); box_labels ``1 x N`` int64
+    (1 positive, 0 negative); box_mask ``1 x N`` bool (True = padding, right-padded).
+    """
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.model = model
+        self.num_levels = len(fpn_shapes(model))
+        pos_enc = model.backbone.vision_backbone.position_encoding
+        with paddle.no_grad():
+            for i, (d, h, w) in enumerate(fpn_shapes(model)):
+                pos = pos_enc(paddle.zeros([1, d, h, w], "float32")).detach()
+                self.register_buffer(f"vision_pos_enc_{i}", pos)
+
+    def forward(
+        self,
+        backbone_fpn: list[paddle.Tensor],
+        language_features: paddle.Tensor,
+        language_mask: paddle.Tensor,
+        boxes: paddle.Tensor,
+        box_labels: paddle.Tensor,
+        box_mask: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, ...]:
+        n = self.num_levels
+        backbone_out = {
+            "backbone_fpn": list(backbone_fpn),
+            "vision_pos_enc": [getattr(self, f"vision_pos_enc_{i}") for i in range(n)],
+            "language_features": language_features,
+            "language_mask": language_mask,
+        }
+        prompt = Prompt(
+            box_embeddings=boxes.transpose([1, 0, 2]),
+            box_mask=box_mask,
+            box_labels=box_labels.transpose([1, 0]),
+        )
+        zero = paddle.zeros([1], "int64")
+        out = self.model.forward_grounding(
+            backbone_out=backbone_out,
+            find_input=FindStage(img_ids=zero, text_ids=zero),
+            geometric_prompt=prompt,
+        )
+        return tuple(out[k] for k in DECODER_OUTPUTS)
+
+
+def input_specs(model: Sam3Image) -> dict[str, list[InputSpec]]:
+    """The inputs of each program: batch 1, a dynamic number of boxes."""
+    size = model.backbone.vision_backbone.trunk.img_size
+    ctx = model.backbone.language_backbone.context_length
+    d = model.hidden_dim
+    fpn = [
+        InputSpec([1, *shape], "float32", f"backbone_fpn_{i}")
+        for i, shape in enumerate(fpn_shapes(model))
+    ]
+    return {
+        "backbone": [InputSpec([1, 3, size, size], "float32", "image")],
+        "text_encoder": [InputSpec([1, ctx], "int64", "token_ids")],
+        "prompt_decoder": [
+            fpn,
+            InputSpec([ctx, 1, d], "float32", "language_features"),
+            InputSpec([1, ctx], "bool", "language_mask"),
+            InputSpec([1, None, 4], "float32", "boxes"),
+            InputSpec([1, None], "int64", "box_labels"),
+            InputSpec([1, None], "bool", "box_mask"),
+        ],
+    }
+
+
+def save_programs(model: Sam3Image, out: Path) -> None:
+    """``paddle.jit.save`` the three programs (PIR) into ``out``."""
+    model.eval()
+    specs = input_specs(model)
+    layers = {
+        "backbone": Backbone(model),
+        "text_encoder": TextEncoder(model),
+        "prompt_decoder": PromptDecoder(model),
+    }
+    for name in PROGRAMS:
+        paddle.jit.save(layers[name], str(out / name), input_spec=specs[name])
+
+
+def export_sam3(
+    model: Sam3Image,
+    out_dir: str | os.PathLike,
+    *,
+    source_sha256: str | None = None,
+    overwrite: bool = False,
+    spec: Sam3Spec | None = None,
+) -> dict:
+    """Write ``backbone.*``, ``text_encoder.*``, ``prompt_decoder.*`` and ``export.json``.
+
+    ``spec`` (the model's sizes, e.g. from the checkpoint's sidecar) is recorded in the
+    manifest when given; the runtime needs only the sizes the manifest always holds.
+    """
+    if model.inst_interactive_predictor is not None:
+        # the SAM 1 style heads (predict_inst) are not part of this export; the programs
+        # would carry their unused weights
+        raise ValueError("export a model built without enable_inst_interactivity")
+    out = Path(out_dir)
+    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in PROGRAMS}
+    check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    save_programs(model, out)
+    text = model.backbone.language_backbone
+    return write_manifest(
+        out,
+        EXPORT_FORMAT,
+        programs,
+        format_version=FORMAT_VERSION,
+        model_type="sam3",
+        source_sha256=source_sha256,
+        spec=dataclasses.asdict(spec) if spec is not None else None,
+        image_size=int(model.backbone.vision_backbone.trunk.img_size),
+        pixel_mean=[0.5, 0.5, 0.5],
+        pixel_std=[0.5, 0.5, 0.5],
+        context_length=int(text.context_length),
+        fpn_shapes=fpn_shapes(model),
+        decoder_outputs=list(DECODER_OUTPUTS),
+        pad_box=list(PAD_BOX),
+    )
