@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from ..models.common import resize_bilinear
 from ..models.sam3.box_ops import box_cxcywh_to_xyxy
 from ..models.sam3.geometry_encoders import Prompt
 from ..models.sam3.sam3_image import FindStage, Sam3Image
@@ -286,7 +287,5 @@ def postprocess_grounding(out: dict, state: dict, threshold: float) -> dict:
     boxes = box_cxcywh_to_xyxy(paddle.gather_nd(out["pred_boxes"], keep))
     boxes = boxes * paddle.to_tensor([img_w, img_h, img_w, img_h], dtype=boxes.dtype)
     masks = paddle.gather_nd(out["pred_masks"], keep).unsqueeze(1)
-    masks = F.sigmoid(
-        F.interpolate(masks, size=(img_h, img_w), mode="bilinear", align_corners=False)
-    )
+    masks = F.sigmoid(resize_bilinear(masks, (img_h, img_w)))
     return {"masks_logits": masks, "masks": masks > 0.5, "boxes": boxes, "scores": scores}

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
 
-from ..common import MLP, LayerNorm2d, Linear
+from ..common import MLP, LayerNorm2d, Linear, resize_bilinear
 from ..prompt_encoder import PromptEncoder
 from ..transformer import TwoWayTransformer
 
@@ -406,7 +405,7 @@ class SAM3InteractiveImagePredictor(nn.Layer):
         masks = masks.astype("float32")
         if self.max_hole_area > 0 or self.max_sprinkle_area > 0:
             masks = self._remove_small_regions(masks)
-        return F.interpolate(masks, size=orig_hw, mode="bilinear", align_corners=False)
+        return resize_bilinear(masks, orig_hw)
 
     def _remove_small_regions(self, masks: paddle.Tensor) -> paddle.Tensor:
         try:
