@@ -311,18 +311,18 @@ class StaticSamPredictor(ExportedSamPredictor):
 
         def trt_shapes(cfg) -> None:
             if prog != "image_encoder":
-                self._set_trt_shapes(cfg, opts["max_points"])
+                self._set_trt_shapes(cfg, prog, opts["max_points"])
 
         return create_predictor(self.export_dir, prog, opts, trt_shapes)
 
-    def _set_trt_shapes(self, cfg, max_points: int) -> None:
+    def _set_trt_shapes(self, cfg, prog: str, max_points: int) -> None:
         grid = self.mask_input_size[0] // 4
         c = int(self.manifest["spec"]["prompt_embed_dim"])
-        fixed = {
-            "image_embeddings": [1, c, grid, grid],
-            "mask_input": [1, 1, 4 * grid, 4 * grid],
-            "has_mask_input": [1],
-        }
+        fixed = {"image_embeddings": [1, c, grid, grid]}
+        if prog == FEW_TOKENS_PROGRAM:  # no mask input; at most few_tokens_max tokens
+            max_points = min(max_points, self._few_tokens_max)
+        else:
+            fixed.update(mask_input=[1, 1, 4 * grid, 4 * grid], has_mask_input=[1])
         lo = {**fixed, "point_coords": [1, 1, 2], "point_labels": [1, 1]}
         hi = {**fixed, "point_coords": [1, max_points, 2], "point_labels": [1, max_points]}
         opt = {**fixed, "point_coords": [1, 2, 2], "point_labels": [1, 2]}
@@ -343,12 +343,14 @@ class StaticSamPredictor(ExportedSamPredictor):
 
     def _run_decoder(self, feeds, multimask_output):
         tokens = 1 + int(self.manifest["num_mask_tokens"]) + feeds["point_labels"].shape[1]
-        few = self._decoder_few is not None and tokens <= self._few_tokens_max
+        few = (
+            self._decoder_few is not None
+            and tokens <= self._few_tokens_max
+            and not feeds["has_mask_input"][0]
+        )
         iou, low_res = run_predictor(self._decoder_few if few else self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
         iou, low_res = iou[0, sl], low_res[:, sl]
         # the dynamic model's own upscaling, on the masks kept only
-        masks = postprocess_masks(
-            paddle.to_tensor(low_res), self.input_size, self.original_size, self.image_size
-        )
-        return masks[0].numpy(), iou, low_res[0]
+        masks = postprocess_masks(low_res, self.input_size, self.original_size, self.image_size)
+        return masks[0], iou, low_res[0]

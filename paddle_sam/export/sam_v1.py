@@ -13,9 +13,10 @@ Preprocessing is not in the graph: the static runtime reuses :class:`ResizeLonge
 
 The PIR decoder programs compute the mask decoder in faster forms of the same function
 (:func:`decoder_formulation`): output upscaling as per-token GEMMs, and in
-``prompt_decoder_few`` the cross-attention reassociated for few prompt tokens, which the
-runtime picks when a prompt has at most ``few_tokens_max`` tokens (vit_b: 16, i.e. up to 10
-points, or a box and 9 points). Parity with the dynamic model is tested like the rest.
+``prompt_decoder_few`` the cross-attention reassociated for few prompt tokens and no mask
+input (so none of the mask-input path runs), which the runtime picks for prompts without a
+mask input and with at most ``few_tokens_max`` tokens (vit_b: 16, i.e. up to 10 points, or a
+box and 9 points). Parity with the dynamic model is tested like the rest.
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ class PromptDecoder(nn.Layer):
     The dense positional encoding is a constant of the grid: stored, not recomputed per call.
     """
 
-    def __init__(self, sam: Sam, upscale: bool = False) -> None:
+    def __init__(self, sam: Sam, upscale: bool = False, mask_input: bool = True) -> None:
         super().__init__()
         self.prompt_encoder = sam.prompt_encoder
         self.mask_decoder = sam.mask_decoder
         self.img_size = sam.image_encoder.img_size
         self.upscale = upscale
+        self.mask_input = mask_input
         with paddle.no_grad():
             self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
 
@@ -73,16 +75,20 @@ class PromptDecoder(nn.Layer):
         image_embeddings: paddle.Tensor,
         point_coords: paddle.Tensor,
         point_labels: paddle.Tensor,
-        mask_input: paddle.Tensor,
-        has_mask_input: paddle.Tensor,
+        mask_input: paddle.Tensor | None = None,
+        has_mask_input: paddle.Tensor | None = None,
         orig_im_size: paddle.Tensor | None = None,
     ) -> tuple[paddle.Tensor, ...]:
         pe = self.prompt_encoder
         sparse = pe._embed_points(point_coords, point_labels, pad=False)
         h, w = pe.image_embedding_size
-        has_mask = has_mask_input.reshape([1, 1, 1, 1]) > 0.5
-        no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1]).expand([1, -1, h, w])
-        dense = paddle.where(has_mask, pe._embed_masks(mask_input), no_mask)
+        no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1])
+        if self.mask_input:
+            has_mask = has_mask_input.reshape([1, 1, 1, 1]) > 0.5
+            no_mask = no_mask.expand([1, -1, h, w])
+            dense = paddle.where(has_mask, pe._embed_masks(mask_input), no_mask)
+        else:  # the program without mask input: added to the embedding by broadcasting
+            dense = no_mask
         md = self.mask_decoder
         low_res, iou = md.predict_masks(image_embeddings, self.dense_pe, sparse, dense)
         if not self.upscale:
@@ -104,16 +110,17 @@ class PromptDecoder(nn.Layer):
         )
 
 
-def decoder_input_spec(spec, upscale: bool) -> list[InputSpec]:
+def decoder_input_spec(spec, upscale: bool, mask_input: bool = True) -> list[InputSpec]:
     """Inputs of the prompt decoder program: a dynamic number of points, batch 1."""
     grid, c = spec.image_embedding_size, spec.prompt_embed_dim
     inputs = [
         InputSpec([1, c, grid, grid], "float32", "image_embeddings"),
         InputSpec([1, None, 2], "float32", "point_coords"),
         InputSpec([1, None], "float32", "point_labels"),
-        InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"),
-        InputSpec([1], "float32", "has_mask_input"),
     ]
+    if mask_input:
+        inputs.append(InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"))
+        inputs.append(InputSpec([1], "float32", "has_mask_input"))
     if upscale:
         inputs.append(InputSpec([2], "int64", "orig_im_size"))
     return inputs
@@ -164,9 +171,9 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> 
     for name, few in decoders.items():
         with decoder_formulation(sam, few_tokens=few, channels_last=fast):
             paddle.jit.save(
-                PromptDecoder(sam, upscale=upscale),
+                PromptDecoder(sam, upscale=upscale, mask_input=not few),
                 str(out / name),
-                input_spec=decoder_input_spec(sam.spec, upscale),
+                input_spec=decoder_input_spec(sam.spec, upscale, mask_input=not few),
             )
 
 

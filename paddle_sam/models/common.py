@@ -11,23 +11,28 @@ from paddle import nn
 def resize_bilinear(x: paddle.Tensor, size: tuple[int, int] | list[int]) -> paddle.Tensor:
     """``F.interpolate(x, size, mode="bilinear", align_corners=False)`` of ``B x C x h x w``.
 
-    On the CPU, outside autograd, OpenCV's resize computes it (the same half-pixel sampling,
-    float32 weights; agrees to ~1e-7 relative): Paddle's CPU kernel runs on one thread and
-    took 18 ms for the three 1024 x 1024 masks of a prompt, OpenCV 1.5 ms. Elsewhere (GPU,
-    or when gradients flow) Paddle's own kernel runs.
+    On the CPU, outside autograd, :func:`resize_bilinear_np` computes it: Paddle's CPU kernel
+    runs on one thread and took 18 ms for the three 1024 x 1024 masks of a prompt, OpenCV
+    1.5 ms. Elsewhere (GPU, or when gradients flow) Paddle's own kernel runs.
     """
-    out_h, out_w = int(size[0]), int(size[1])
     if not x.place.is_cpu_place() or (paddle.is_grad_enabled() and not x.stop_gradient):
-        return F.interpolate(x, size=[out_h, out_w], mode="bilinear", align_corners=False)
+        size = [int(size[0]), int(size[1])]
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    return paddle.to_tensor(resize_bilinear_np(x.astype("float32").numpy(), size)).astype(x.dtype)
+
+
+def resize_bilinear_np(x: np.ndarray, size: tuple[int, int] | list[int]) -> np.ndarray:
+    """Bilinear resize (half-pixel centres, as ``align_corners=False``) of the last two axes
+    of a float32 array, by OpenCV's resize (float32 weights: agrees with Paddle's and torch's
+    kernels to ~1e-7 relative)."""
     import cv2
 
-    planes = x.astype("float32").numpy()
-    b, c, h, w = planes.shape
-    out = np.empty((b, c, out_h, out_w), np.float32)
-    for i in range(b):
-        for j in range(c):
-            out[i, j] = cv2.resize(planes[i, j], (out_w, out_h), interpolation=cv2.INTER_LINEAR)
-    return paddle.to_tensor(out).astype(x.dtype)
+    out_h, out_w = int(size[0]), int(size[1])
+    planes = np.asarray(x, np.float32).reshape(-1, *x.shape[-2:])
+    out = np.empty((planes.shape[0], out_h, out_w), np.float32)
+    for i, plane in enumerate(planes):
+        out[i] = cv2.resize(plane, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
+    return out.reshape(*x.shape[:-2], out_h, out_w)
 
 
 class Linear(nn.Linear):

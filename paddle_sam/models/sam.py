@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import resize_bilinear
+from .common import resize_bilinear, resize_bilinear_np
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -118,16 +119,18 @@ def preprocess_image(
 
 
 def postprocess_masks(
-    masks: paddle.Tensor,
+    masks: paddle.Tensor | np.ndarray,
     input_size: tuple[int, ...],
     original_size: tuple[int, ...],
     size: int,
-) -> paddle.Tensor:
+) -> paddle.Tensor | np.ndarray:
     """Upscale low-res logits to the padded size x size input, crop the padding, resize to the
-    original image size (shared with the static runtime, which upscales only the masks it keeps).
+    original image size (shared with the static runtime, which upscales only the masks it
+    keeps, as numpy). ``B x C x h x w`` paddle tensor or numpy array, returned as given.
     """
-    masks = resize_bilinear(masks, [size, size])
+    resize = resize_bilinear_np if isinstance(masks, np.ndarray) else resize_bilinear
+    masks = resize(masks, [size, size])
     masks = masks[..., : int(input_size[0]), : int(input_size[1])]
     if tuple(original_size) == tuple(masks.shape[-2:]):
         return masks  # bilinear resampling to the same size is the identity
-    return resize_bilinear(masks, original_size)
+    return resize(masks, original_size)

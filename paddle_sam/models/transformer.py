@@ -113,8 +113,7 @@ class TwoWayAttentionBlock(nn.Layer):
 
         queries = self.norm3(queries + self.mlp(queries))
 
-        q = queries + query_pe
-        k = keys + key_pe
+        q = queries + query_pe  # k = keys + key_pe: keys have not changed since
         keys = self.norm4(keys + self.cross_attn_image_to_token(q=k, k=q, v=queries))
         return queries, keys
 
@@ -205,6 +204,7 @@ class Attention(nn.Layer):
         bias = paddle.matmul(kh, self.q_proj.bias).unsqueeze(1)  # B x 1 x hN
         scores = paddle.matmul(q, m, transpose_y=True) + bias
         attn = F.softmax(scores.reshape([b, -1, h, n]), axis=-1).reshape([b, -1, h * n])
-        # concat_h(attn_h v_h) W_o = sum_h attn_h (v_h W_o,h)
+        # concat_h(attn_h v_h) W_o + b_o = sum_h attn_h (v_h W_o,h + b_o / h): each head's
+        # weights sum to one, so the bias rides in the small factor (no L x D add)
         p = paddle.matmul(self._per_head(self.v_proj(v)), self.out_proj.weight)  # B x hN x D
-        return paddle.matmul(attn, p) + self.out_proj.bias
+        return paddle.matmul(attn, p + self.out_proj.bias / h)
