@@ -77,9 +77,10 @@ class MaskDecoder(nn.Layer):
         output_tokens = output_tokens.unsqueeze(0).expand([n, -1, -1])
         tokens = paddle.concat([output_tokens, sparse_prompt_embeddings], axis=1)
 
-        # one copy of the image embedding per prompt (upstream: repeat_interleave of a batch of 1)
-        src = image_embeddings.expand([n, -1, -1, -1]) + dense_prompt_embeddings
-        pos_src = image_pe.expand([n, -1, -1, -1])
+        # the image embedding for every prompt (upstream: repeat_interleave of a batch of 1)
+        # (broadcasting over the prompts, which copies nothing for a single prompt)
+        src = image_embeddings + dense_prompt_embeddings
+        pos_src = image_pe
         b, c, h, w = src.shape
 
         hs, src = self.transformer(src, pos_src, tokens)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
@@ -174,8 +175,8 @@ class Attention(nn.Layer):
     def _per_head(self, x: paddle.Tensor) -> paddle.Tensor:
         """B x N x I -> B x hN x I: one copy per head h, zero outside h's channels."""
         h, c = self.num_heads, self.internal_dim // self.num_heads
-        own = paddle.arange(self.internal_dim) // c == paddle.arange(h).unsqueeze(1)  # h x I
-        blocks = x.unsqueeze(1) * own.astype(x.dtype).unsqueeze(1)  # B x h x N x I
+        own = np.kron(np.eye(h), np.ones((1, c))).reshape(h, 1, -1)  # h x 1 x I, a constant
+        blocks = x.unsqueeze(1) * paddle.to_tensor(own, dtype=x.dtype)  # B x h x N x I
         return blocks.reshape([x.shape[0], -1, self.internal_dim])
 
     def _few_queries(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
