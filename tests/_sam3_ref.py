@@ -204,3 +204,17 @@ def tiny_sam3_spec():
         num_queries=12,
         geometry_layers=1,
     )
+
+
+def run_prompts(processor: Any, img: Any, steps: list, threshold: float | None = None) -> dict:
+    """Apply prompt steps ("text", str) / ("box", box, label) to a fresh state of any
+    ``Sam3Processor`` (ours, the official one, the static runtime); return the state."""
+    state = processor.set_image(img)
+    if threshold is not None:
+        processor.set_confidence_threshold(threshold)
+    for step in steps:
+        if step[0] == "text":
+            state = processor.set_text_prompt(step[1], state)
+        else:
+            state = processor.add_geometric_prompt(step[1], step[2], state)
+    return state

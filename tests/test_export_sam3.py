@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _sam3_ref import tiny_sam3_spec
+from _sam3_ref import run_prompts, tiny_sam3_spec
 from PIL import Image
 
 from paddle_sam.align.sam_v1 import compare
@@ -103,16 +103,6 @@ def pair(model, exported):
     static = StaticSam3Processor(d, confidence_threshold=0.0)
     dynamic = Sam3Processor(model, resolution=TINY.img_size, confidence_threshold=0.0)
     return static, dynamic
-
-
-def run_prompts(processor, img, steps, state=None):
-    state = processor.set_image(img, state)
-    for step in steps:
-        if step[0] == "text":
-            state = processor.set_text_prompt(step[1], state)
-        else:
-            state = processor.add_geometric_prompt(step[1], step[2], state)
-    return state
 
 
 def assert_same_results(s: dict, d: dict, name: str) -> None:

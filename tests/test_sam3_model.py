@@ -19,6 +19,7 @@ from _sam3_ref import (
     cpu_patches,
     import_sam3,
     perturb_module_,
+    run_prompts,
     tiny_sam3_spec,
 )
 from test_sam3_heads import load_from_torch
@@ -303,18 +304,6 @@ def test_forward_grounding(pair, case):
     assert_close(r["semantic_seg"], o["semantic_seg"], max_abs=1e-3, name="semantic_seg")
     assert_close(r["encoder_hidden_states"], o["encoder_hidden_states"], name="encoder")
     assert isinstance(o_prompt, Prompt)
-
-
-def run_prompts(processor, img, steps, threshold: float):
-    """Apply prompt steps ("text", str) / ("box", box, label) to a fresh state; return it."""
-    state = processor.set_image(img)
-    processor.set_confidence_threshold(threshold)
-    for step in steps:
-        if step[0] == "text":
-            state = processor.set_text_prompt(step[1], state)
-        else:
-            state = processor.add_geometric_prompt(step[1], step[2], state)
-    return state
 
 
 CASES = {
