@@ -30,11 +30,6 @@ def test_example_assets_come_from_the_generator():
     assert np.array_equal(np.asarray(Image.open(INSTANCES)), instance_map(scene.masks))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the bundled default model is undertrained: the demo click gives IoU 0.85 < 0.9 "
-    "(issue 5 stays open until a model passes; strict, so a passing model turns this red)",
-)
 def test_demo_command_segments_the_clicked_object(tmp_path, capsys):
     """The same command as `make demo`: the mask must match the clicked object (IoU >= 0.9)."""
     point = ",".join(map(str, DEMO_POINT))
