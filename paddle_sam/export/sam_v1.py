@@ -165,10 +165,8 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> 
         str(out / "image_encoder"),
         input_spec=[InputSpec([None, 3, size, size], "float32", "image")],
     )
-    decoders = (
-        {"prompt_decoder": False, FEW_TOKENS_PROGRAM: True} if fast else {"prompt_decoder": False}
-    )
-    for name, few in decoders.items():
+    decoders = [("prompt_decoder", False)] + ([(FEW_TOKENS_PROGRAM, True)] if fast else [])
+    for name, few in decoders:
         with decoder_formulation(sam, few_tokens=few, channels_last=fast):
             paddle.jit.save(
                 PromptDecoder(sam, upscale=upscale, mask_input=not few),

@@ -172,11 +172,14 @@ class Attention(nn.Layer):
     # less work per prompt at 7 tokens. Every weight stays 2-D (oneDNN on Paddle 3.3 fails on
     # the batched per-head weight products of the direct way of writing this).
 
+    def _head_mask(self, dtype: str) -> paddle.Tensor:
+        """h x 1 x I, a constant: 1 on head h's own channels, 0 elsewhere."""
+        h, c = self.num_heads, self.internal_dim // self.num_heads
+        return paddle.to_tensor(np.kron(np.eye(h), np.ones((1, c))).reshape(h, 1, -1), dtype=dtype)
+
     def _per_head(self, x: paddle.Tensor) -> paddle.Tensor:
         """B x N x I -> B x hN x I: one copy per head h, zero outside h's channels."""
-        h, c = self.num_heads, self.internal_dim // self.num_heads
-        own = np.kron(np.eye(h), np.ones((1, c))).reshape(h, 1, -1)  # h x 1 x I, a constant
-        blocks = x.unsqueeze(1) * paddle.to_tensor(own, dtype=x.dtype)  # B x h x N x I
+        blocks = x.unsqueeze(1) * self._head_mask(x.dtype)  # B x h x N x I
         return blocks.reshape([x.shape[0], -1, self.internal_dim])
 
     def _few_queries(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
@@ -191,8 +194,8 @@ class Attention(nn.Layer):
         # attn (v W_v + b_v) = (attn v) W_v + b_v: every row of attn sums to one; of the
         # h N x I product only each head's own channels are kept
         r = paddle.matmul(paddle.matmul(attn, v), self.v_proj.weight)  # B x hN x I
-        own = self._per_head(paddle.ones([b, n, self.internal_dim], r.dtype))
-        out = (r * own).reshape([b, h, n, self.internal_dim]).sum(axis=1) + self.v_proj.bias
+        r = r.reshape([b, h, n, self.internal_dim]) * self._head_mask(r.dtype)
+        out = r.sum(axis=1) + self.v_proj.bias
         return self.out_proj(out)
 
     def _few_keys(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
