@@ -96,3 +96,12 @@ def sam3_threshold(model, image, text=None, box_cxcywh=None, keep: int = 3) -> f
     score every query alike, so a fixed threshold would keep all or none)."""
     _, scores = sam3_reference(model, image, text, box_cxcywh)
     return float((scores[keep - 1] + scores[keep]) / 2)
+
+
+def assert_error(r, status: int, code: str, *words: str) -> None:
+    """The service's error body: HTTP ``status``, ``error`` code, ``detail`` naming ``words``."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["error"] == code, body
+    for w in words:
+        assert w in body["detail"], body

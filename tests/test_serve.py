@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _pairs import image as make_image
-from _server import ThreadedServer, decode_mask_png, png_bytes, tiny_model
+from _server import ThreadedServer, assert_error, decode_mask_png, png_bytes, tiny_model
 from fastapi.testclient import TestClient
 
 from paddle_sam.predict.predictor import SamPredictor
@@ -68,14 +68,6 @@ def rle_of(item: dict) -> np.ndarray:
 
     rle = {"size": item["rle"]["size"], "counts": item["rle"]["counts"].encode()}
     return mask_utils.decode(rle).astype(bool)
-
-
-def assert_error(r, status: int, code: str, *words: str) -> None:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["error"] == code, body
-    for w in words:
-        assert w in body["detail"], body
 
 
 # -- the API -----------------------------------------------------------------------------

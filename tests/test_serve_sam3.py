@@ -9,7 +9,14 @@ import base64
 import numpy as np
 import pytest
 from _pairs import image as make_image
-from _server import decode_mask_png, png_bytes, sam3_reference, sam3_threshold, tiny_sam3_model
+from _server import (
+    assert_error,
+    decode_mask_png,
+    png_bytes,
+    sam3_reference,
+    sam3_threshold,
+    tiny_sam3_model,
+)
 from fastapi.testclient import TestClient
 
 from paddle_sam.serve import create_app
@@ -52,14 +59,6 @@ def assert_answer(r, masks: np.ndarray, scores: np.ndarray) -> None:
         rle = {"size": m["rle"]["size"], "counts": m["rle"]["counts"].encode()}
         np.testing.assert_array_equal(mask_utils.decode(rle).astype(bool), want)
         assert m["area"] == int(want.sum())
-
-
-def assert_error(r, status: int, code: str, *words: str) -> None:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["error"] == code, body
-    for w in words:
-        assert w in body["detail"], body
 
 
 def cxcywh(box, image) -> list[float]:
