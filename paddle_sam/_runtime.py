@@ -22,8 +22,16 @@ Linux we therefore keep freed memory in the heap for reuse (``mallopt``: no mmap
 blocks, trim threshold 2 GB): a ViT-B forward went from 10.1 s to 7.7 s. The cost is that
 the process keeps its peak heap instead of returning it to the system between calls.
 
+Static programs run from dygraph (``paddle.jit.to_static``; SAM 3 reaches Paddle's fused
+CPU attention kernel this way, ``models/sam3/model_misc.py``) execute on a worker thread of
+Paddle's interpreter, where OpenMP keeps the thread count Paddle set at import (1): the
+kernel ran on one thread whatever ``set_num_threads`` said (measured here: 0.39 s on one
+thread and on two). On a CPU-only build we default ``FLAGS_new_executor_serial_run`` to on,
+so those programs run on the calling thread with its thread count (0.20 s on two threads).
+
 A user's choice always wins: an existing ``OMP_NUM_THREADS``, ``MKL_DEBUG_CPU_TYPE``,
-``FLAGS_use_stride_kernel`` or any ``MALLOC_*`` variable is left alone, and
+``FLAGS_use_stride_kernel``, ``FLAGS_new_executor_serial_run`` or any ``MALLOC_*`` variable
+is left alone, and
 ``PADDLE_SAM_NO_CPU_TUNING=1`` turns all of this off.
 """
 
@@ -70,6 +78,8 @@ def apply_cpu_defaults() -> None:
 
     if cpu_only and "FLAGS_use_stride_kernel" not in os.environ:
         paddle.set_flags({"FLAGS_use_stride_kernel": False})
+    if cpu_only and "FLAGS_new_executor_serial_run" not in os.environ:
+        paddle.set_flags({"FLAGS_new_executor_serial_run": True})
     if not user_threads:
         set_num_threads(cpu_count())
     if not any(k.startswith("MALLOC_") for k in os.environ):

@@ -116,6 +116,8 @@ def cmd_export(args) -> int:
 
     if _export_family(args) == "sam3":
         return _export_sam3(args)
+    if args.fused_attention is not None:
+        raise ValueError("--fused-attention applies to SAM 3 exports only")
     if args.format == "onnx":
         from .export.onnx import _paddle2onnx
         from .export.onnx import export_onnx as export
@@ -174,6 +176,7 @@ def _export_sam3(args) -> int:
         source_sha256=(meta.get("source") or {}).get("sha256"),
         overwrite=args.overwrite,
         spec=Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else None,
+        fused_attention=args.fused_attention,
     )
     print(
         f"exported (pir) -> {args.output}/ (backbone, text_encoder, prompt_decoder "
@@ -689,6 +692,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="pir: Paddle Inference programs (default); onnx: via paddle2onnx (the onnx extra)",
     )
     x.add_argument("--overwrite", action="store_true")
+    x.add_argument(
+        "--fused-attention",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="SAM 3: long self-attentions through Paddle's fused CPU kernel (AVX-512 CPUs "
+        "only; default: when this machine has it); --no-fused-attention for GPUs",
+    )
     model_args(x, sam3=True)
     x.set_defaults(func=cmd_export)
 

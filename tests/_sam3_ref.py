@@ -218,3 +218,30 @@ def run_prompts(processor: Any, img: Any, steps: list, threshold: float | None =
         else:
             state = processor.add_geometric_prompt(step[1], step[2], state)
     return state
+
+
+def attention_path(monkeypatch: Any, fused: bool) -> list[int]:
+    """Make SAM 3's attention layers take (``fused``) or skip Paddle's fused CPU attention
+    kernel at the tiny test sizes (the length floor lowered to 1 token, or the kernel
+    reported unavailable); returns a list that counts the fused calls. Skips the test when
+    ``fused`` is asked on a machine whose Paddle or CPU cannot run the kernel."""
+    import pytest
+
+    from paddle_sam.models.sam3 import model_misc, vitdet
+
+    if fused and not model_misc.fused_attention_available():
+        pytest.skip("Paddle's fused CPU attention needs AVX-512F and its kernel")
+    calls: list[int] = []
+    real = model_misc.fused_self_attention
+
+    def counted(qkv, scale):
+        calls.append(int(qkv.shape[1]))
+        return real(qkv, scale)
+
+    monkeypatch.setattr(model_misc, "fused_self_attention", counted)
+    monkeypatch.setattr(vitdet, "fused_self_attention", counted)
+    if fused:
+        monkeypatch.setattr(model_misc, "FUSED_ATTENTION_MIN_TOKENS", 1)
+    else:
+        monkeypatch.setattr(model_misc, "fused_attention_available", lambda: False)
+    return calls

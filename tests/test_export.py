@@ -249,6 +249,9 @@ def test_cli_export_and_segment_exported(exported, tmp_path):
     assert cli.main(["export", "--checkpoint", str(ckpt), "-o", str(tmp_path / "exp")]) == 0
     manifest = json.loads((tmp_path / "exp" / "export.json").read_text())
     assert manifest["source_sha256"] == "0" * 64
+    # a SAM 3 only option is refused, not ignored
+    opt = ["export", "--checkpoint", str(ckpt), "-o", str(tmp_path / "e2"), "--fused-attention"]
+    assert cli.main(opt) == 2 and not (tmp_path / "e2").exists()
     Image.fromarray(image(H, W, seed=2)).save(tmp_path / "img.png")
     common = ["segment", str(tmp_path / "img.png"), "--point", "50,60", "--box", "10,10,200,140"]
     assert cli.main([*common, "--exported", str(tmp_path / "exp"), "-o", str(tmp_path / "s")]) == 0

@@ -19,14 +19,14 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _sam3_ref import run_prompts, tiny_sam3_spec
+from _sam3_ref import attention_path, run_prompts, tiny_sam3_spec
 from PIL import Image
 
 from paddle_sam.align.sam_v1 import compare
 from paddle_sam.convert.checkpoint import load_sam3, save_pdparams
 from paddle_sam.deploy.static_predictor import ExportFormatError
 from paddle_sam.deploy.static_sam3 import StaticSam3Processor
-from paddle_sam.export.sam3 import PromptDecoder, export_sam3
+from paddle_sam.export.sam3 import FUSED_KERNEL, PromptDecoder, attention_kernel, export_sam3
 from paddle_sam.models.sam3.build_sam3 import build_sam3_image_model
 from paddle_sam.predict.sam3_processor import Sam3Processor
 
@@ -131,6 +131,40 @@ def test_files_and_manifest(exported):
     }
     assert manifest["source_sha256"] == "1" * 64
     assert manifest["paddle_version"] == paddle.__version__
+    # no attention of the tiny model is long enough for the fused CPU kernel: runs anywhere
+    assert manifest["cpu_fused_attention"] is False
+    assert not any(FUSED_KERNEL in (d / f"{p}.json").read_text() for p in manifest["programs"])
+
+
+def test_fused_attention_export(model, pair, tmp_path, monkeypatch):
+    """With the kernel's length floor lowered to the tiny sizes, the ViT and fusion-encoder
+    self-attentions go into the programs as Paddle's fused CPU kernel: same results as the
+    dynamic model without it; the manifest says so and the runtime refuses such an export
+    where the kernel cannot run. ``fused_attention=False`` keeps it out."""
+    attention_path(monkeypatch, fused=True)  # skips where the kernel cannot run
+    d = tmp_path / "fused"
+    manifest = export_sam3(model, d, fused_attention=True)
+    assert manifest["cpu_fused_attention"] is True
+    for prog in ("backbone", "prompt_decoder"):  # ViT blocks; fusion encoder
+        assert FUSED_KERNEL in (d / f"{prog}.json").read_text(), prog
+    static = StaticSam3Processor(d, confidence_threshold=0.0)
+    _, dynamic = pair
+    img = image(H, W, seed=3)
+    with attention_kernel(dynamic.model, False):
+        for case in ("text+box", "negative box"):
+            s, r = run_prompts(static, img, CASES[case]), run_prompts(dynamic, img, CASES[case])
+            assert_same_results(s, r, f"fused kernel, {case}")
+    with pytest.raises(ValueError, match="fused CPU attention.*device='gpu'.*--no-fused"):
+        StaticSam3Processor(d, device="gpu")
+    from paddle_sam.deploy import static_sam3
+
+    monkeypatch.setattr(static_sam3, "fused_attention_available", lambda: False)
+    with pytest.raises(ValueError, match="fused CPU attention.*lacks AVX-512F"):
+        StaticSam3Processor(d)
+    plain = export_sam3(model, tmp_path / "plain", fused_attention=False)
+    assert plain["cpu_fused_attention"] is False
+    for prog in plain["programs"]:
+        assert FUSED_KERNEL not in (tmp_path / "plain" / f"{prog}.json").read_text()
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -12,6 +12,8 @@ PROBE = (
     "from paddle_sam._runtime import get_num_threads\n"
     "print(json.dumps({'mkl': get_num_threads(),"
     " 'stride': paddle.get_flags(['FLAGS_use_stride_kernel'])['FLAGS_use_stride_kernel'],"
+    " 'serial': paddle.get_flags(['FLAGS_new_executor_serial_run'])"
+    "['FLAGS_new_executor_serial_run'],"
     " 'mkl_cpu_type': os.environ.get('MKL_DEBUG_CPU_TYPE')}))\n"
 )
 
@@ -25,6 +27,7 @@ def probe(**env_overrides) -> dict:
             "OMP_NUM_THREADS",
             "MKL_DEBUG_CPU_TYPE",
             "FLAGS_use_stride_kernel",
+            "FLAGS_new_executor_serial_run",
             "PADDLE_SAM_NO_CPU_TUNING",
         )
     }
@@ -44,17 +47,23 @@ def test_defaults_use_every_core_and_fast_transposes():
     got = probe()
     assert got["mkl"] == len(os.sched_getaffinity(0))
     assert got["stride"] is False
+    assert got["serial"] is True
     assert got["mkl_cpu_type"] == ("5" if _is_amd() else None)
 
 
 def test_user_settings_win():
-    got = probe(OMP_NUM_THREADS="1", FLAGS_use_stride_kernel="1", MKL_DEBUG_CPU_TYPE="6")
-    assert got == {"mkl": 1, "stride": True, "mkl_cpu_type": "6"}
+    got = probe(
+        OMP_NUM_THREADS="1",
+        FLAGS_use_stride_kernel="1",
+        FLAGS_new_executor_serial_run="0",
+        MKL_DEBUG_CPU_TYPE="6",
+    )
+    assert got == {"mkl": 1, "stride": True, "serial": False, "mkl_cpu_type": "6"}
 
 
 def test_opt_out():
     got = probe(PADDLE_SAM_NO_CPU_TUNING="1")
-    assert got["mkl"] == 1 and got["stride"] is True
+    assert got["mkl"] == 1 and got["stride"] is True and got["serial"] is False
 
 
 def test_set_num_threads_validates():

@@ -18,6 +18,7 @@ pytest.importorskip("sam3")
 import torch  # noqa: E402
 from _sam3_ref import (  # noqa: E402
     assert_close,
+    attention_path,
     cpu_patches,
     fan_in_init_,
     numpy_state_dict,
@@ -117,12 +118,16 @@ def test_rope_matches_complex_form():
         assert_close(rk, apply_rope(paddle.to_tensor(k.numpy()), cos, sin), max_abs=1e-5)
 
 
-@pytest.mark.parametrize("block", [None, 1600], ids=["one-block", "row-blocks"])
+@pytest.mark.parametrize(
+    "block", [None, 1600, "fused"], ids=["one-block", "row-blocks", "fused-kernel"]
+)
 @pytest.mark.parametrize("cfg", [VIT_TINY, VIT_PAD], ids=["tiled-windows", "padded-windows"])
 def test_vit_trunk(cfg, block, monkeypatch):
     """``block`` forces the query-row-blocked attention that the full-size global blocks take
-    (2-3 query rows at a time here, the last block shorter)."""
-    if block is not None:
+    (2-3 query rows at a time here, the last block shorter), or Paddle's fused CPU attention
+    kernel that global blocks of at least 1024 tokens take on CPUs with AVX-512."""
+    calls = attention_path(monkeypatch, fused=block == "fused")
+    if isinstance(block, int):
         from paddle_sam.models.sam3 import vitdet
 
         monkeypatch.setattr(vitdet, "_ATTN_BLOCK", block)
@@ -132,8 +137,10 @@ def test_vit_trunk(cfg, block, monkeypatch):
     x = _image(cfg["img_size"])
     with torch.no_grad():
         (r,) = ref(torch.from_numpy(x))
-    (o,) = ours(paddle.to_tensor(x))
+    with paddle.no_grad():  # as inference runs; with gradients the kernel is skipped
+        (o,) = ours(paddle.to_tensor(x))
     assert_close(r, o, max_abs=1e-4, name="trunk")
+    assert len(calls) == (cfg["depth"] if block == "fused" else 0)  # every block, or none
 
 
 def test_vit_intermediate_layers():

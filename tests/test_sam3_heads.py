@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _sam3_ref import assert_close, cpu_patches, import_sam3, perturb_module_
+from _sam3_ref import assert_close, attention_path, cpu_patches, import_sam3, perturb_module_
 
 from paddle_sam.models.sam3 import model_misc as M
 
@@ -172,11 +172,15 @@ def pair_eval(ref, ours, seed: int = 0, scale: float = 0.1):
 H, W = 6, 5  # coarsest feature map of the tiny tests: HW = 30 tokens
 
 
-def test_fusion_encoder():
+@pytest.mark.parametrize("fused", [False, True], ids=["matmul-softmax", "fused-kernel"])
+def test_fusion_encoder(fused, monkeypatch):
+    """``fused``: the image self-attention through Paddle's fused CPU attention kernel, which
+    the full-size encoder (5184 tokens) takes on CPUs with AVX-512."""
     from sam3.model.encoder import TransformerEncoderFusion as RefFusion
 
     from paddle_sam.models.sam3.encoder import TransformerEncoderFusion
 
+    calls = attention_path(monkeypatch, fused)
     for add_pooled in (False, True):
         kw = dict(
             num_layers=2,
@@ -196,13 +200,14 @@ def test_fusion_encoder():
         args = dict(prompt_key_padding_mask=pmask, feat_sizes=[(H, W)])
         with torch.no_grad():
             r = ref(src=[src.clone()], src_pos=[pos.clone()], prompt=prompt, **args)
-        o = ours(
-            src=[t2p(src)],
-            src_pos=[t2p(pos)],
-            prompt=t2p(prompt),
-            prompt_key_padding_mask=t2p(pmask),
-            feat_sizes=[(H, W)],
-        )
+        with paddle.no_grad():  # as inference runs; with gradients the kernel is skipped
+            o = ours(
+                src=[t2p(src)],
+                src_pos=[t2p(pos)],
+                prompt=t2p(prompt),
+                prompt_key_padding_mask=t2p(pmask),
+                feat_sizes=[(H, W)],
+            )
         assert_close(r["memory"], o["memory"], name=f"fusion memory (pooled={add_pooled})")
         assert_close(r["pos_embed"], o["pos_embed"], name="fusion pos")
         assert r["padding_mask"] is None and o["padding_mask"] is None
@@ -210,6 +215,8 @@ def test_fusion_encoder():
         np.testing.assert_array_equal(
             r["level_start_index"].numpy(), o["level_start_index"].numpy()
         )
+    # the image self-attention of both layers in both runs; never the masked cross-attention
+    assert calls == ([H * W] * 4 if fused else [])
 
 
 def decoder_pair(num_queries: int = 10, num_layers: int = 3, boxrpb: str = "log"):
@@ -544,3 +551,23 @@ def test_interactive_predictor(interactive_pair, case):
         assert agree >= 0.9999, f"{case}: binary masks agree on {agree:.6f}"
     with pytest.raises(RuntimeError, match="set_image"):
         type(ours)(ours.model).predict(point_coords=[[1.0, 1.0]], point_labels=[1])
+
+
+def test_fused_attention_rules(monkeypatch):
+    """When the fused CPU kernel is taken: equal lengths at or above the floor, no gradient
+    wanted, float32 on the CPU, not switched off; never in a static graph unless asked."""
+    monkeypatch.setattr(M, "fused_attention_available", lambda: True)
+    floor = M.FUSED_ATTENTION_MIN_TOKENS
+    x = paddle.zeros([2, 3])
+    assert M.use_fused_attention(None, x, floor, floor)
+    assert not M.use_fused_attention(False, x, floor, floor)  # switched off
+    assert not M.use_fused_attention(None, x, floor - 1, floor - 1)  # too short
+    assert not M.use_fused_attention(None, x, floor, floor + 1)  # cross-attention
+    assert not M.use_fused_attention(None, x.astype("float64"), floor, floor)
+    w = paddle.zeros([2, 3])
+    w.stop_gradient = False
+    assert not M.use_fused_attention(None, w * 2, floor, floor)  # training: no grad kernel
+    with paddle.no_grad():
+        assert M.use_fused_attention(None, w * 2, floor, floor)
+    monkeypatch.setattr(M, "fused_attention_available", lambda: False)
+    assert not M.use_fused_attention(None, x, floor, floor)

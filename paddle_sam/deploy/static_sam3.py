@@ -9,6 +9,9 @@ cached per prompt) and the decoder only.
 
 Devices: the CPU path is tested. The GPU path is written against the Paddle 3 inference API
 but has NOT been run: no Paddle 3 GPU build could be installed here. TensorRT is not offered.
+An export with Paddle's fused CPU attention kernel (manifest ``cpu_fused_attention``, the
+default on machines with AVX-512) runs on such CPUs only: anything else is refused here,
+before Paddle could fail on a missing kernel or an illegal instruction.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import paddle
 
 from ..export.sam3 import DECODER_OUTPUTS, EXPORT_FORMAT, FORMAT_VERSION, PROGRAMS
+from ..models.sam3.model_misc import fused_attention_available
 from ..models.sam3.tokenizer import SimpleTokenizer
 from ..predict.sam3_processor import Sam3ProcessorBase
 from .static_predictor import create_predictor, inference_options, read_manifest, run_predictor
@@ -31,6 +35,21 @@ from .static_predictor import create_predictor, inference_options, read_manifest
 # DESIGN.md s4); the backbone is kept off it like SAM v1's ViT image encoder
 # (static_predictor.ONEDNN_PROGRAMS), which fails with it.
 ONEDNN_PROGRAMS = ("text_encoder",)
+
+
+def check_fused_attention(export_dir: Path, device: str) -> None:
+    """Refuse an export with the fused CPU attention kernel where that kernel cannot run."""
+    why = None
+    if device != "cpu":
+        why = f"device={device!r}: the kernel exists for the CPU only"
+    elif not fused_attention_available():
+        why = "this CPU lacks AVX-512F (or this Paddle lacks the kernel)"
+    if why is not None:
+        raise ValueError(
+            f"{export_dir} was exported with Paddle's fused CPU attention kernel "
+            f"(export.json: cpu_fused_attention) and cannot run here: {why}; export it again "
+            f"with 'paddle-sam export --no-fused-attention' (export_sam3(fused_attention=False))"
+        )
 
 
 class _Boxes:
@@ -92,6 +111,8 @@ class StaticSam3Processor(Sam3ProcessorBase):
             device_id=device_id,
             verbose=verbose,
         )
+        if self.manifest.get("cpu_fused_attention"):
+            check_fused_attention(self.export_dir, device)
         self.resolution = int(self.manifest["image_size"])
         self.context_length = int(self.manifest["context_length"])
         self.confidence_threshold = confidence_threshold

@@ -13,12 +13,21 @@ token is masked out of every attention and every pooling (tests/test_export_sam3
 The vision position encoding is a constant of the grid: stored in the decoder program.
 Upscaling, sigmoid and thresholding stay in the runtime (``postprocess_grounding``, shared
 with ``Sam3Processor``).
+
+``fused_attention`` (default: when the exporting machine can run it) puts Paddle's fused CPU
+attention kernel (``self_dp_attention``, AVX-512) into the programs for the long
+self-attentions (the ViT's global blocks, the fusion encoder's 72 x 72 image tokens), as the
+dynamic model uses it on such CPUs (``models/sam3/model_misc.py``). That kernel exists for the
+CPU only, so the manifest records it (``cpu_fused_attention``) and the runtime refuses such
+an export on a GPU or on a CPU without AVX-512, naming the option that exports without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import paddle
@@ -27,6 +36,7 @@ from paddle.static import InputSpec
 
 from ..models.sam3.build_sam3 import Sam3Spec
 from ..models.sam3.geometry_encoders import Prompt
+from ..models.sam3.model_misc import fused_attention_available
 from ..models.sam3.sam3_image import FindStage, Sam3Image
 from .sam_v1 import MANIFEST, check_outputs, write_manifest
 
@@ -36,6 +46,7 @@ PROGRAMS = ("backbone", "text_encoder", "prompt_decoder")
 DECODER_OUTPUTS = ("pred_logits", "pred_boxes", "presence_logit_dec", "pred_masks")
 # the box fed for "no box": any finite box, masked out (its value never reaches an output)
 PAD_BOX = (0.5, 0.5, 1.0, 1.0)
+FUSED_KERNEL = "self_dp_attention"  # the op name of Paddle's fused CPU attention
 
 
 def fpn_shapes(model: Sam3Image) -> list[list[int]]:
@@ -143,8 +154,24 @@ def input_specs(model: Sam3Image) -> dict[str, list[InputSpec]]:
     }
 
 
-def save_programs(model: Sam3Image, out: Path) -> None:
-    """``paddle.jit.save`` the three programs (PIR) into ``out``."""
+@contextmanager
+def attention_kernel(model: Sam3Image, fused: bool) -> Iterator[None]:
+    """Within the block, every attention layer of ``model`` that can use Paddle's fused CPU
+    attention kernel takes it when it applies (``fused``) or never; restored on exit."""
+    layers = [m for m in model.sublayers(include_self=True) if hasattr(m, "fused_attention")]
+    saved = [m.fused_attention for m in layers]
+    try:
+        for m in layers:
+            m.fused_attention = fused
+        yield
+    finally:
+        for m, old in zip(layers, saved, strict=True):
+            m.fused_attention = old
+
+
+def save_programs(model: Sam3Image, out: Path, *, fused_attention: bool = False) -> None:
+    """``paddle.jit.save`` the three programs (PIR) into ``out``; with ``fused_attention``,
+    the long self-attentions through Paddle's fused CPU kernel (CPU-only programs)."""
     model.eval()
     specs = input_specs(model)
     layers = {
@@ -152,8 +179,9 @@ def save_programs(model: Sam3Image, out: Path) -> None:
         "text_encoder": TextEncoder(model),
         "prompt_decoder": PromptDecoder(model),
     }
-    for name in PROGRAMS:
-        paddle.jit.save(layers[name], str(out / name), input_spec=specs[name])
+    with attention_kernel(model, fused_attention):
+        for name in PROGRAMS:
+            paddle.jit.save(layers[name], str(out / name), input_spec=specs[name])
 
 
 def export_sam3(
@@ -163,12 +191,17 @@ def export_sam3(
     source_sha256: str | None = None,
     overwrite: bool = False,
     spec: Sam3Spec | None = None,
+    fused_attention: bool | None = None,
 ) -> dict:
     """Write ``backbone.*``, ``text_encoder.*``, ``prompt_decoder.*`` and ``export.json``.
 
     ``spec`` (the model's sizes, e.g. from the checkpoint's sidecar) is recorded in the
     manifest when given; the runtime needs only the sizes the manifest always holds.
+    ``fused_attention``: programs with Paddle's fused CPU attention kernel, which run on CPUs
+    with AVX-512 only (default: when this machine can run it); False for GPU deployment.
     """
+    if fused_attention is None:
+        fused_attention = fused_attention_available()
     if model.inst_interactive_predictor is not None:
         # the SAM 1 style heads (predict_inst) are not part of this export; the programs
         # would carry their unused weights
@@ -177,7 +210,10 @@ def export_sam3(
     programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in PROGRAMS}
     check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    save_programs(model, out)
+    save_programs(model, out, fused_attention=fused_attention)
+    # what the programs hold, not what was asked: a small model has no attention long
+    # enough for the kernel, and its programs run anywhere
+    uses_kernel = any(FUSED_KERNEL in (out / f"{p}.json").read_text() for p in PROGRAMS)
     text = model.backbone.language_backbone
     return write_manifest(
         out,
@@ -194,4 +230,5 @@ def export_sam3(
         fpn_shapes=fpn_shapes(model),
         decoder_outputs=list(DECODER_OUTPUTS),
         pad_box=list(PAD_BOX),
+        cpu_fused_attention=uses_kernel,
     )

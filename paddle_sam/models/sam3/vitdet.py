@@ -22,7 +22,7 @@ from paddle import nn
 
 from ..common import Linear
 from ..image_encoder import PatchEmbed, _can_be_inplace, window_partition, window_unpartition
-from .model_misc import LayerScale
+from .model_misc import LayerScale, fused_self_attention, use_fused_attention
 
 # attention scores computed at once (256 MB in float32): one block for the 9 x 16 windows of
 # 24 x 24 tokens, 7 row blocks for a 72 x 72 global block
@@ -113,6 +113,8 @@ class Attention(nn.Layer):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
+        # see model_misc.use_fused_attention (None: Paddle's fused CPU kernel when it applies)
+        self.fused_attention: bool | None = None
         self.qkv = Linear(dim, dim * 3, bias_attr=None if qkv_bias else False)
         self.proj = Linear(dim, dim)
         self.use_rel_pos = use_rel_pos
@@ -134,16 +136,24 @@ class Attention(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         _, H, W, C = x.shape
         L, nh, hd = H * W, self.num_heads, self.head_dim
+        if self.use_rope and self.rope_cos.shape[0] != L:
+            raise ValueError(
+                f"RoPE tables are for {self.rope_cos.shape[0]} tokens, the input has {L}: "
+                f"build the model for this image size"
+            )
+        qkv = self.qkv(x)
+        if use_fused_attention(self.fused_attention, qkv, L, L):
+            qkv = qkv.reshape([-1, L, 3, nh, hd])
+            if self.use_rope:  # tables as L x 1 x hd/2 for the B x L x nh x hd layout
+                cos, sin = self.rope_cos.unsqueeze(1), self.rope_sin.unsqueeze(1)
+                q, k, v = paddle.unbind(qkv, axis=2)
+                qkv = paddle.stack([apply_rope(q, cos, sin), apply_rope(k, cos, sin), v], 2)
+            return self.proj(fused_self_attention(qkv, self.scale).reshape([-1, H, W, C]))
         q, k, v = (
             t.reshape([-1, L, nh, hd]).transpose([0, 2, 1, 3]).reshape([-1, L, hd])
-            for t in paddle.split(self.qkv(x), 3, axis=-1)
+            for t in paddle.split(qkv, 3, axis=-1)
         )
         if self.use_rope:
-            if self.rope_cos.shape[0] != L:
-                raise ValueError(
-                    f"RoPE tables are for {self.rope_cos.shape[0]} tokens, the input has {L}: "
-                    f"build the model for this image size"
-                )
             q = apply_rope(q, self.rope_cos, self.rope_sin)
             k = apply_rope(k, self.rope_cos, self.rope_sin)
         q = q * self.scale
