@@ -31,7 +31,12 @@ from paddle_sam.models.sam3.necks import Sam3DualViTDetNeck  # noqa: E402
 from paddle_sam.models.sam3.position_encoding import PositionEmbeddingSine  # noqa: E402
 from paddle_sam.models.sam3.text_encoder import VETextEncoder  # noqa: E402
 from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer  # noqa: E402
-from paddle_sam.models.sam3.vitdet import ViT, apply_rope, axial_rope_angles  # noqa: E402
+from paddle_sam.models.sam3.vitdet import (  # noqa: E402
+    ViT,
+    apply_rope,
+    axial_rope_angles,
+    rope_tables,
+)
 from paddle_sam.models.sam3.vl_combiner import SAM3VLBackbone  # noqa: E402
 
 # window 4 tiles the 8x8 grid; window 3 pads it to 9x9; pretraining grid 4x4 (+cls) is tiled
@@ -113,9 +118,9 @@ def test_rope_matches_complex_form():
         q = torch.randn(2, 3, end * end, 16)
         k = torch.randn(2, 3, end * end, 16)
         rq, rk = apply_rotary_enc(q, k, cis)
-        cos, sin = paddle.to_tensor(np.cos(angles)), paddle.to_tensor(np.sin(angles))
-        assert_close(rq, apply_rope(paddle.to_tensor(q.numpy()), cos, sin), max_abs=1e-5)
-        assert_close(rk, apply_rope(paddle.to_tensor(k.numpy()), cos, sin), max_abs=1e-5)
+        cos, sin, swap = (paddle.to_tensor(t) for t in rope_tables(angles))
+        assert_close(rq, apply_rope(paddle.to_tensor(q.numpy()), cos, sin, swap), max_abs=1e-5)
+        assert_close(rk, apply_rope(paddle.to_tensor(k.numpy()), cos, sin, swap), max_abs=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -125,7 +130,7 @@ def test_rope_matches_complex_form():
 def test_vit_trunk(cfg, block, monkeypatch):
     """``block`` forces the query-row-blocked attention that the full-size global blocks take
     (2-3 query rows at a time here, the last block shorter), or Paddle's fused CPU attention
-    kernel that global blocks of at least 1024 tokens take on CPUs with AVX-512."""
+    kernel that attentions over at least FUSED_ATTENTION_MIN_TOKENS take on CPUs with AVX-512."""
     calls = attention_path(monkeypatch, fused=block == "fused")
     if isinstance(block, int):
         from paddle_sam.models.sam3 import vitdet

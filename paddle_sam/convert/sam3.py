@@ -353,7 +353,8 @@ def _released_layout(model: paddle.nn.Layer) -> dict[str, tuple[tuple[int, ...],
     for name, (rows, *rest) in fused.items():
         out[DETECTOR_PREFIX + name] = ((rows, *rest), "float32")
     for key, attn in _rope_layers(model).items():
-        out[key] = (tuple(attn.rope_cos.shape), "complex64")
+        rows, dim = attn.rope_cos.shape  # one column per channel: two per complex entry
+        out[key] = ((rows, dim // 2), "complex64")
     return out
 
 
@@ -379,7 +380,8 @@ def random_released_state_dict(
     for key, (shape, dtype) in _released_layout(model).items():
         if dtype == "complex64":
             attn = rope[key]
-            out[key] = (attn.rope_cos.numpy() + 1j * attn.rope_sin.numpy()).astype(np.complex64)
+            cos, sin = attn.rope_cos.numpy()[:, ::2], attn.rope_sin.numpy()[:, ::2]
+            out[key] = (cos + 1j * sin).astype(np.complex64)
             continue
         if key.endswith(".weight") and len(shape) == 1:  # norms
             value = 1.0 + 0.02 * rng.standard_normal(shape)

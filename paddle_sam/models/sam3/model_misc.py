@@ -36,12 +36,14 @@ _ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
 
 
 # Paddle's fused CPU attention kernel (``self_dp_attention``: flash-style 512 x 512 tiles with an
-# online softmax, AVX-512, OpenMP over heads and row tiles). Measured here (AMD EPYC, 2 threads):
-# 5184 tokens, 8 heads of 32 (SAM 3's fusion encoder) 0.20-0.22 s against 0.42-0.46 s for
-# matmul + softmax in row blocks (torch's SDPA 0.20-0.22 s); 16 heads of 64 (the ViT's global
-# blocks) 0.67 s against 1.16-1.26 s (torch 0.70-0.76 s); at 576 tokens (the ViT's windows)
-# it is no faster, hence the length floor. Agreement with the unfused form: ~2e-7.
-FUSED_ATTENTION_MIN_TOKENS = 1024
+# online softmax, AVX-512, OpenMP over heads and row tiles). Measured here (AMD EPYC, 2 threads)
+# against matmul + softmax (in row blocks where those apply): 5184 tokens, 8 heads of 32 (SAM 3's
+# fusion encoder) 0.20-0.22 s against 0.42-0.46 s (torch's SDPA 0.20-0.22 s); 16 heads of 64
+# (the ViT's global blocks) 0.67 s against 1.16-1.26 s (torch 0.70-0.76 s); the ViT's 9 windows
+# of 576 tokens 85 ms against 127 ms; 201 tokens (the decoder's queries) 0.45 against 0.68 ms;
+# 64 tokens 0.14 against 0.07 ms, hence the length floor. Agreement with the unfused form:
+# ~2e-7. It needs the thread count set on the calling thread (``_runtime``).
+FUSED_ATTENTION_MIN_TOKENS = 192
 
 
 @functools.cache

@@ -46,14 +46,28 @@ def axial_rope_angles(
     return np.concatenate([np.outer(t_x, freqs), np.outer(t_y, freqs)], axis=-1).astype(np.float32)
 
 
-def apply_rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    """Rotate adjacent channel pairs ``(x[2i], x[2i+1])`` of ``... x L x D`` by the angles whose
-    cos and sin are given as ``L x D/2``: the real form of ``x_complex * exp(i * angle)``."""
-    shape = x.shape
-    pairs = x.reshape([*shape[:-1], shape[-1] // 2, 2])
-    even, odd = pairs[..., 0], pairs[..., 1]
-    out = paddle.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
-    return out.reshape(shape)
+def rope_tables(angles: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tables of :func:`apply_rope` for ``L x D/2`` angles: cos and sin of each angle for
+    both channels of its pair (``L x D``), and the ``D x D`` matrix taking each channel pair
+    ``(a, b)`` to ``(-b, a)``."""
+    dim = 2 * angles.shape[-1]
+    swap = np.zeros((dim, dim), np.float32)
+    pair = np.arange(0, dim, 2)
+    swap[pair + 1, pair] = -1.0
+    swap[pair, pair + 1] = 1.0
+    return np.repeat(np.cos(angles), 2, -1), np.repeat(np.sin(angles), 2, -1), swap
+
+
+def apply_rope(
+    x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, swap: paddle.Tensor
+) -> paddle.Tensor:
+    """Rotate adjacent channel pairs ``(x[2i], x[2i+1])`` of ``... x L x D`` by their angles
+    (tables from :func:`rope_tables`, broadcast against ``x``): the real form of
+    ``x_complex * exp(i * angle)``, ``(a cos - b sin, a sin + b cos)``, computed as
+    ``x * cos + (x @ swap) * sin``. The same products and sums as the pairwise form (the
+    swap only moves and negates values), without its strided copies: 11 ms against 28 for
+    one windowed block's queries here."""
+    return x * cos + paddle.matmul(x, swap) * sin
 
 
 def get_abs_pos(
@@ -130,8 +144,10 @@ class Attention(nn.Layer):
             angles = axial_rope_angles(
                 self.head_dim, input_size[0], input_size[1], rope_theta, scale_pos
             )
-            self.register_buffer("rope_cos", paddle.to_tensor(np.cos(angles)), persistable=False)
-            self.register_buffer("rope_sin", paddle.to_tensor(np.sin(angles)), persistable=False)
+            for name, table in zip(
+                ("rope_cos", "rope_sin", "rope_swap"), rope_tables(angles), strict=True
+            ):
+                self.register_buffer(name, paddle.to_tensor(table), persistable=False)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         _, H, W, C = x.shape
@@ -144,18 +160,23 @@ class Attention(nn.Layer):
         qkv = self.qkv(x)
         if use_fused_attention(self.fused_attention, qkv, L, L):
             qkv = qkv.reshape([-1, L, 3, nh, hd])
-            if self.use_rope:  # tables as L x 1 x hd/2 for the B x L x nh x hd layout
-                cos, sin = self.rope_cos.unsqueeze(1), self.rope_sin.unsqueeze(1)
-                q, k, v = paddle.unbind(qkv, axis=2)
-                qkv = paddle.stack([apply_rope(q, cos, sin), apply_rope(k, cos, sin), v], 2)
+            if self.use_rope:  # q and k at once, tables expanded to L x 2 x nh x hd:
+                # Paddle's CPU multiply is ~10x slower when the table broadcasts along the
+                # middle axes (80 against 6 ms for a windowed block here)
+                cos, sin = (
+                    t.unsqueeze([1, 2]).expand([L, 2, nh, hd])
+                    for t in (self.rope_cos, self.rope_sin)
+                )
+                qk = apply_rope(qkv[:, :, :2], cos, sin, self.rope_swap)
+                qkv = paddle.concat([qk, qkv[:, :, 2:]], axis=2)
             return self.proj(fused_self_attention(qkv, self.scale).reshape([-1, H, W, C]))
         q, k, v = (
             t.reshape([-1, L, nh, hd]).transpose([0, 2, 1, 3]).reshape([-1, L, hd])
             for t in paddle.split(qkv, 3, axis=-1)
         )
         if self.use_rope:
-            q = apply_rope(q, self.rope_cos, self.rope_sin)
-            k = apply_rope(k, self.rope_cos, self.rope_sin)
+            q = apply_rope(q, self.rope_cos, self.rope_sin, self.rope_swap)
+            k = apply_rope(k, self.rope_cos, self.rope_sin, self.rope_swap)
         q = q * self.scale
         # Query rows in blocks of at most _ATTN_BLOCK scores: the global blocks' 16 x 5184 x
         # 5184 matrix (1.7 GB) is never materialised, and the blocks stay in a warm working
