@@ -1,15 +1,17 @@
-"""SAM 3 on the CPU: paddle_sam's ``Sam3Processor`` against the official PyTorch ``sam3``
-``Sam3Processor``, same full-size random weights.
+"""SAM 3 on the CPU: paddle_sam's ``Sam3Processor`` (dygraph) and ``StaticSam3Processor``
+(the PIR export on Paddle Inference) against the official PyTorch ``sam3`` ``Sam3Processor``,
+same full-size random weights.
 
     python benchmarks/bench_sam3.py [--repeats 2] [--prompts 3] [--rounds 2] [--threads N]
-        [--impl paddle,torch] [--out benchmarks/results]
+        [--impl paddle,static,torch] [--out benchmarks/results]
 
 The parent process has a worker write one set of weights: the official full-size image model
 built by sam3's builder, every Linear redrawn from N(0, 1/fan_in) and every tensor perturbed
 (as tests/test_full_size_sam3.py; upstream's bare init leaves the text encoder's
 ``torch.empty`` tensors uninitialised), saved in the released layout (``{"model":
-{"detector.*": ...}}``) and converted to ``.pdparams`` with paddle_sam's converter. Then each
-implementation runs in its own subprocess (``--worker paddle|torch``), interleaved for
+{"detector.*": ...}}``) and converted to ``.pdparams`` with paddle_sam's converter, which
+``static`` exports (``export_sam3``, its defaults). Then each
+implementation runs in its own subprocess (``--worker paddle|static|torch``), interleaved for
 ``--rounds`` rounds; the median per implementation is reported, warm-up calls excluded. Each
 worker prints one JSON line.
 
@@ -41,7 +43,7 @@ from typing import Any  # noqa: E402
 import bench_sam_v1 as v1  # noqa: E402  (keeps the environment as it was: v1._BASE_ENV)
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "torch")
+IMPLS = ("paddle", "static", "torch")
 IMAGE_HW = (768, 1024)
 TEXTS = ("a yellow school bus", "the dog on the left", "a red car", "person", "traffic light")
 BOXES = ((0.45, 0.5, 0.3, 0.4), (0.3, 0.3, 0.2, 0.25), (0.6, 0.7, 0.25, 0.2))  # cx, cy, w, h
@@ -70,7 +72,7 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
 
     def set_image() -> None:
         processor.set_image(image, state)
-        to_numpy(state["backbone_out"]["vision_features"])
+        to_numpy(state["backbone_out"]["backbone_fpn"][-1])
 
     first = v1._timed(set_image)
     set_times = [v1._timed(set_image) for _ in range(args.repeats)]
@@ -112,6 +114,8 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
 
 
 def run_paddle_worker(args) -> dict:
+    """``--worker paddle`` (dygraph ``Sam3Processor`` on the .pdparams) or ``static``
+    (``StaticSam3Processor`` on the export folder)."""
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
 
@@ -124,15 +128,22 @@ def run_paddle_worker(args) -> dict:
     if args.threads:
         paddle_sam.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    model = paddle_sam.build_sam3_image_model(checkpoint_path=args.checkpoint)
+    if args.worker == "static":
+        from paddle_sam.deploy import StaticSam3Processor
+
+        processor = StaticSam3Processor(args.checkpoint, threads=args.threads)
+        to_numpy: Callable[[Any], np.ndarray] = np.asarray
+    else:
+        model = paddle_sam.build_sam3_image_model(checkpoint_path=args.checkpoint)
+        processor = paddle_sam.Sam3Processor(model)
+        to_numpy = lambda t: t.numpy()  # noqa: E731
     load_s = time.perf_counter() - t0
-    processor = paddle_sam.Sam3Processor(model)
     with paddle.no_grad():
-        result = time_processor(processor, lambda t: t.numpy(), args)
+        result = time_processor(processor, to_numpy, args)
     return {
-        "impl": "paddle",
+        "impl": args.worker,
         "version": paddle.__version__,
-        "threads": get_num_threads(),
+        "threads": args.threads or get_num_threads(),
         "import_s": import_s,
         "load_s": load_s,
         **result,
@@ -174,7 +185,8 @@ def run_torch_worker(args) -> dict:
 
 
 def worker_main(args) -> None:
-    result = {"paddle": run_paddle_worker, "torch": run_torch_worker}[args.worker](args)
+    run = run_torch_worker if args.worker == "torch" else run_paddle_worker
+    result = run(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB
     print(v1.RESULT_PREFIX + json.dumps(result), flush=True)
 
@@ -183,7 +195,8 @@ def worker_main(args) -> None:
 
 
 def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
-    """One set of full-size weights, as the file each implementation loads: {impl: path}."""
+    """One set of full-size weights, as the file (or export folder) each implementation
+    loads: {impl: path}."""
     from paddle_sam.convert import sam3 as conv
     from paddle_sam.convert.checkpoint import convert_checkpoint, save_pdparams
 
@@ -215,6 +228,12 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
         convert_checkpoint(pt, pdparams, progress=False)
     if "paddle" in impls:
         paths["paddle"] = pdparams
+    if "static" in impls:
+        from paddle_sam.convert.checkpoint import load_sam3
+        from paddle_sam.export.sam3 import export_sam3
+
+        export_sam3(load_sam3(pdparams), tmp / "export")
+        paths["static"] = tmp / "export"
     return paths
 
 
@@ -250,25 +269,36 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     }
 
 
-def ratio(values: dict[str, float]) -> float | None:
-    if "paddle" in values and values.get("torch", 0) > 0:
-        return values["paddle"] / values["torch"]
+def ratio(values: dict[str, float], impl: str = "paddle") -> float | None:
+    if impl in values and values.get("torch", 0) > 0:
+        return values[impl] / values["torch"]
     return None
+
+
+RATIOS = ("paddle", "static")  # each over torch
 
 
 def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
     rows = []
     for m in METRICS:
-        vals, r = summary[m.key], ratio(summary[m.key])
+        vals = summary[m.key]
+        rs = [ratio(vals, impl) for impl in RATIOS]
         rows.append(
             [m.label]
             + [f"{vals[i]:.{m.digits}f}" if i in vals else "-" for i in IMPLS]
-            + ["-" if r is None else f"{r:.2f}"]
+            + ["-" if r is None else f"{r:.2f}" for r in rs]
         )
     return rows
 
 
-TABLE_HEADER = ["metric", "paddle_sam", "torch (official sam3)", "paddle/torch"]
+TABLE_HEADER = [
+    "metric",
+    "paddle_sam",
+    "paddle_sam static",
+    "torch (official sam3)",
+    "paddle/torch",
+    "static/torch",
+]
 
 
 def format_table(rows: list[list[str]], markdown: bool) -> str:
@@ -302,11 +332,13 @@ def machine_info(args, runs: dict[str, list[dict]], started: dt.datetime) -> lis
 
 def notes(runs: dict[str, list[dict]]) -> list[str]:
     out = []
-    if runs.get("torch") and runs.get("paddle"):
-        p, t = runs["paddle"][0], runs["torch"][0]
+    for impl in RATIOS:
+        if not (runs.get("torch") and runs.get(impl)):
+            continue
+        p, t = runs[impl][0], runs["torch"][0]
         out.append(
-            "output check (same weights, text prompt, all queries): scores mean/std/max "
-            f"paddle {'/'.join(f'{v:.5f}' for v in p['check_scores'])}, torch "
+            f"output check {impl} vs torch (same weights, text prompt, all queries): scores "
+            f"mean/std/max {'/'.join(f'{v:.5f}' for v in p['check_scores'])} vs "
             f"{'/'.join(f'{v:.5f}' for v in t['check_scores'])}; mean box "
             f"{p['check_boxes_mean']:.2f} vs {t['check_boxes_mean']:.2f} px; instances kept at "
             f"0.5: text {p['text_s_kept']} vs {t['text_s_kept']}, box {p['box_s_kept']} vs "
@@ -331,13 +363,13 @@ def write_outputs(out_dir: Path, stem: str, summary, info, rows, lines) -> tuple
     csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["metric", "label", *IMPLS, "ratio_paddle_over_torch"])
+        w.writerow(["metric", "label", *IMPLS, *(f"ratio_{i}_over_torch" for i in RATIOS)])
         for m in METRICS:
             vals = summary[m.key]
             w.writerow(
                 [m.key, m.label]
                 + [v1._csv_num(vals.get(i)) for i in IMPLS]
-                + [v1._csv_num(ratio(vals))]
+                + [v1._csv_num(ratio(vals, i)) for i in RATIOS]
             )
     md = [f"# SAM 3 CPU benchmark: {stem}", ""]
     md += [f"- **{k}**: {v}" for k, v in info]
@@ -372,7 +404,9 @@ def parent_main(args) -> None:
 def parse_impls(text: str) -> tuple[str, ...]:
     impls = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     if not impls or any(i not in IMPLS for i in impls):
-        raise argparse.ArgumentTypeError(f"--impl takes a comma list of paddle,torch: {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--impl takes a comma list of paddle,static,torch: {text!r}"
+        )
     return impls
 
 
@@ -381,8 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=v1.positive, default=2, help="timed set_image calls")
     p.add_argument("--prompts", type=v1.positive, default=3, help="timed calls per prompt kind")
     p.add_argument("--rounds", type=v1.positive, default=2, help="interleaved runs per impl")
-    p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for both")
-    p.add_argument("--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,torch")
+    p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for each")
+    p.add_argument(
+        "--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,static,torch"
+    )
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
