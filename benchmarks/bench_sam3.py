@@ -122,7 +122,7 @@ def run_paddle_worker(args) -> dict:
     import_s = time.perf_counter() - t0
     import paddle
 
-    from paddle_sam._runtime import get_num_threads
+    from paddle_sam._runtime import cpu_count, get_num_threads
 
     paddle.set_device("cpu")
     if args.threads:
@@ -143,7 +143,8 @@ def run_paddle_worker(args) -> dict:
     return {
         "impl": args.worker,
         "version": paddle.__version__,
-        "threads": args.threads or get_num_threads(),
+        # the static runtime's default is every available core (inference_options)
+        "threads": args.threads or (cpu_count() if args.worker == "static" else get_num_threads()),
         "import_s": import_s,
         "load_s": load_s,
         **result,
