@@ -48,11 +48,16 @@ FUSED_ATTENTION_MIN_TOKENS = 192
 
 @functools.cache
 def fused_attention_available() -> bool:
-    """Whether this Paddle has the fused CPU attention kernel and this CPU runs it (AVX-512F)."""
+    """Whether this Paddle has the fused CPU attention kernel and this CPU runs it (AVX-512F).
+    The kernel's GEMMs are oneDNN's: a build without oneDNN would only log an error."""
     try:
         from paddle.base import core
 
-        return hasattr(paddle._C_ops, "self_dp_attention") and bool(core.supports_avx512f())
+        return (
+            hasattr(paddle._C_ops, "self_dp_attention")
+            and bool(core.is_compiled_with_mkldnn())
+            and bool(core.supports_avx512f())
+        )
     except (ImportError, AttributeError):  # pragma: no cover - other Paddle builds
         return False
 
