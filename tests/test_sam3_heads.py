@@ -569,5 +569,12 @@ def test_fused_attention_rules(monkeypatch):
     assert not M.use_fused_attention(None, w * 2, floor, floor)  # training: no grad kernel
     with paddle.no_grad():
         assert M.use_fused_attention(None, w * 2, floor, floor)
+    flag = "FLAGS_new_executor_serial_run"
+    saved = paddle.get_flags([flag])[flag]
+    try:  # the kernel would get one thread on the executor's worker thread
+        paddle.set_flags({flag: False})
+        assert not M.use_fused_attention(None, x, floor, floor)
+    finally:
+        paddle.set_flags({flag: saved})
     monkeypatch.setattr(M, "fused_attention_available", lambda: False)
     assert not M.use_fused_attention(None, x, floor, floor)

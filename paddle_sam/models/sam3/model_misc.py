@@ -83,7 +83,16 @@ def use_fused_attention(mode: bool | None, x: paddle.Tensor, n_q: object, n_k: o
         and x.place.is_cpu_place()
         and x.dtype == paddle.float32
         and (x.stop_gradient or not paddle.is_grad_enabled())
+        and _serial_executor()
     )
+
+
+def _serial_executor() -> bool:
+    # from dygraph the kernel runs with the calling thread's thread count only when Paddle's
+    # executor runs programs on that thread (``_runtime``'s default on CPU-only builds);
+    # otherwise it would run on one thread, slower than matmul + softmax on several
+    flag = "FLAGS_new_executor_serial_run"
+    return bool(paddle.get_flags([flag])[flag])
 
 
 def _self_dp_attention(qkv: paddle.Tensor, scale: float, num_heads: int) -> paddle.Tensor:
