@@ -17,7 +17,7 @@ import paddle.nn.functional as F
 from ..models.common import resize_bilinear
 from ..models.sam3.box_ops import box_cxcywh_to_xyxy
 from ..models.sam3.geometry_encoders import Prompt
-from ..models.sam3.sam3_image import FindStage, Sam3Image
+from ..models.sam3.sam3_image import PIXEL_DECODER_TERMS, FindStage, Sam3Image
 from .predictor import check_image
 
 
@@ -227,6 +227,13 @@ class Sam3Processor(Sam3ProcessorBase):
     def _run_backbone(self, images: np.ndarray) -> dict:
         backbone_out = self.model.backbone.forward_image(paddle.to_tensor(images))
         self._project_sam2_features(backbone_out)
+        head = self.model.segmentation_head
+        if head is not None:
+            # the pixel decoder's convolutions of the image's own FPN levels, once per image:
+            # each prompt then convolves only its upsampled part (PixelDecoder.forward);
+            # measured here: +0.8 s per image, -0.45 s per prompt (2 threads)
+            terms = head.pixel_decoder.image_terms(backbone_out["backbone_fpn"])
+            backbone_out[PIXEL_DECODER_TERMS] = terms
         return backbone_out
 
     def _project_sam2_features(self, backbone_out: dict) -> None:

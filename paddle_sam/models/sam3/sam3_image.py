@@ -17,6 +17,10 @@ from .box_ops import box_cxcywh_to_xyxy
 from .geometry_encoders import Prompt
 from .model_misc import inverse_sigmoid
 
+# backbone_out key of the pixel decoder's image-only convolutions, when a processor has
+# precomputed them per image (PixelDecoder.image_terms); absent: computed per prompt
+PIXEL_DECODER_TERMS = "pixel_decoder_image_terms"
+
 
 @dataclass
 class FindStage:
@@ -218,6 +222,7 @@ class Sam3Image(nn.Layer):
             encoder_hidden_states=encoder_hidden_states,
             prompt=prompt,
             prompt_mask=prompt_mask,
+            image_terms=backbone_out.get(PIXEL_DECODER_TERMS),
         )
         out.update(seg)
 
