@@ -304,7 +304,11 @@ def test_decoder(boxrpb):
     assert_close(rpb_ref, rpb, name="box relative-position bias")
 
 
-def test_segmentation_head():
+@pytest.mark.parametrize("precomputed", [False, True], ids=["per-prompt", "image-terms"])
+def test_segmentation_head(precomputed):
+    """``precomputed``: the pixel decoder's convolutions of the image's own levels passed in
+    (as ``Sam3Processor.set_image`` computes them), the upsampled part convolved per prompt
+    at the coarse resolution; against the official head that does neither."""
     from sam3.model.maskformer_segmentation import PixelDecoder as RefPixel
     from sam3.model.maskformer_segmentation import UniversalSegmentationHead as RefHead
     from sam3.model.model_misc import MultiheadAttentionWrapper
@@ -348,16 +352,33 @@ def test_segmentation_head():
                 prompt=prompt,
                 prompt_mask=pmask,
             )
+        levels = [t2p(f) for f in feats]
+        terms = ours.pixel_decoder.image_terms(levels) if precomputed else None
         o = ours(
-            backbone_feats=[t2p(f) for f in feats],
+            backbone_feats=levels,
             obj_queries=t2p(queries),
             image_ids=t2p(ids),
             encoder_hidden_states=t2p(enc),
             prompt=t2p(prompt),
             prompt_mask=t2p(pmask),
+            image_terms=terms,
         )
         assert_close(r["pred_masks"], o["pred_masks"], max_abs=1e-3, name=f"masks bs={bs}")
         assert_close(r["semantic_seg"], o["semantic_seg"], max_abs=1e-3, name="semantic")
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 6, 5, 7), (2, 16, 16, 9, 4)])
+def test_conv3x3_of_nearest_upsampling(shape):
+    """The 3 x 3 convolution of a 2x nearest-upsampled map, computed at the coarse resolution,
+    equals torch's convolution of the upsampled map (borders and odd sizes included)."""
+    from paddle_sam.models.sam3.maskformer_segmentation import conv3x3_nearest_up2
+
+    b, c, co, h, w = shape
+    x, wt = randn(b, c, h, w, seed=1), randn(co, c, 3, 3, seed=2)
+    up = torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+    ref = torch.nn.functional.conv2d(up, wt, padding=1)
+    # values up to ~40 here: 1e-4 is float rounding of a different summation order
+    assert_close(ref, conv3x3_nearest_up2(t2p(x), t2p(wt)), max_abs=1e-4, name="conv of up2")
 
 
 def test_roi_align_matches_torchvision():
