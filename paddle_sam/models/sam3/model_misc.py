@@ -213,7 +213,7 @@ class MultiheadAttention(nn.Layer):
                     block_mask = block_mask.expand(attn.shape)
                 attn = attn + block_mask
             attn = F.softmax(attn, axis=-1)
-            if self.training and self.dropout > 0:
+            if dropout:
                 attn = F.dropout(attn, self.dropout)
             outs.append(paddle.matmul(attn, v))
         out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)
