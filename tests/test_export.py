@@ -16,7 +16,13 @@ from _pairs import TINY, image
 from paddle_sam import SamPredictor, build_sam
 from paddle_sam.deploy import StaticSamPredictor
 from paddle_sam.deploy.static_predictor import ExportFormatError
-from paddle_sam.export.sam_v1 import export_sam
+from paddle_sam.export.sam_v1 import (
+    DecoderImageTerms,
+    FewTokenDecoder,
+    PromptDecoder,
+    decoder_formulation,
+    export_sam,
+)
 
 H, W = 150, 230
 
@@ -51,6 +57,8 @@ def test_files_and_manifest(exported):
     names = sorted(p.name for p in d.iterdir())
     assert names == sorted(
         [
+            "decoder_image_terms.json",
+            "decoder_image_terms.pdiparams",
             "export.json",
             "image_encoder.json",
             "image_encoder.pdiparams",
@@ -66,6 +74,14 @@ def test_files_and_manifest(exported):
     assert manifest["pixel_mean"] == pytest.approx([123.675, 116.28, 103.53])
     assert manifest["paddle_version"] == paddle.__version__
     assert manifest["few_tokens_max"] == 8  # TINY decoder: 16 internal channels, 2 heads
+    grid, dim = TINY.image_embedding_size, TINY.prompt_embed_dim
+    hw, heads, c = grid * grid, 2, 8  # TINY decoder: 2 heads of 8 channels after downsampling
+    assert manifest["image_terms"] == {
+        "image_tokens": [1, hw, dim],
+        "token_to_image_keys": [1, heads, c, hw],
+        "token_to_image_values": [1, heads, hw, c],
+        "image_to_token_queries": [1, heads, c, hw],
+    }
 
 
 def test_image_embedding_identical(pair):
@@ -108,6 +124,67 @@ def test_both_decoder_programs(exported, few_tokens_max):
         sp.predict(coords, labels, mask_input=prev, multimask_output=False),
         dp.predict(coords, labels, mask_input=prev, multimask_output=False),
     )
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_few_token_decoder_same_function(exported, n):
+    """In dygraph: the image terms + few-token decoder (reassociated attention, batched
+    hypernetworks, per-token upscaling) against the upstream-form prompt decoder."""
+    model, _, _ = exported
+    rng = np.random.default_rng(n)
+    emb = paddle.to_tensor(rng.standard_normal((1, 32, 16, 16)).astype("float32"))
+    coords = paddle.to_tensor(rng.uniform(0, 256, (1, n, 2)).astype("float32"))
+    labels = paddle.to_tensor(np.array([[1, 0, -1][:n]], np.float32))
+    no_mask = (paddle.zeros([1, 1, 64, 64]), paddle.zeros([1]))
+    with paddle.no_grad():
+        iou, low_res = PromptDecoder(model)(emb, coords, labels, *no_mask)
+        terms = DecoderImageTerms(model)(emb)
+        with decoder_formulation(model, few_tokens=True, channels_last=True):
+            iou_few, low_res_few = FewTokenDecoder(model)(*terms, coords, labels)
+    np.testing.assert_allclose(iou_few.numpy(), iou.numpy(), atol=1e-5)
+    np.testing.assert_allclose(low_res_few.numpy(), low_res.numpy(), atol=1e-4)
+
+
+class _Counted:
+    """A Paddle Inference predictor whose ``run`` calls are counted."""
+
+    def __init__(self, predictor):
+        self._predictor, self.runs = predictor, 0
+
+    def run(self, *args):
+        self.runs += 1
+        return self._predictor.run(*args)
+
+    def __getattr__(self, name):
+        return getattr(self._predictor, name)
+
+
+def test_image_terms_once_per_image(exported):
+    """The per-image program runs in set_image only; prompts without mask input and few
+    tokens run the few-token program on its outputs, the others the general program."""
+    model, d, _ = exported
+    sp, dp = StaticSamPredictor(d), SamPredictor(model)
+    terms = sp._image_terms_program = _Counted(sp._image_terms_program)
+    few = sp._decoder_few = _Counted(sp._decoder_few)
+    general = sp._decoder = _Counted(sp._decoder)
+    for seed in (4, 5):
+        img = image(H, W, seed=seed)
+        sp.set_image(img)
+        dp.set_image(img)
+        # 1 + 4 output tokens + n points + 1 padding: few_tokens_max (8) allows n <= 2
+        for n in (1, 2, 3):
+            coords, labels = np.random.default_rng(n).uniform(0, [W, H], size=(n, 2)), np.ones(n)
+            _same(sp.predict(coords, labels), dp.predict(coords, labels))
+        _same(
+            sp.predict(box=np.array([10, 20, 90, 100])), dp.predict(box=np.array([10, 20, 90, 100]))
+        )
+    assert (terms.runs, few.runs, general.runs) == (2, 6, 2)
+    prev = dp.predict(coords, labels)[2][:1]
+    sp.predict(coords[:1], labels[:1], mask_input=prev)  # mask input: the general program
+    sp.predict(box=np.array([10, 20, 90, 100]), mask_input=prev)
+    assert (terms.runs, few.runs, general.runs) == (2, 6, 4)
+    sp.reset_image()
+    assert sp._image_terms is None
 
 
 def test_box_box_with_points_and_mask_input(pair):
@@ -192,6 +269,7 @@ def test_options(exported):
     assert p.options["onednn"] == {
         "image_encoder": False,
         "prompt_decoder": True,
+        "decoder_image_terms": True,
         "prompt_decoder_few": True,
     }
 

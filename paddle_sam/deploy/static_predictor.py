@@ -24,6 +24,8 @@ from ..export.sam_v1 import (
     EXPORT_FORMAT,
     FEW_TOKENS_PROGRAM,
     FORMAT_VERSION,
+    IMAGE_TERMS,
+    IMAGE_TERMS_PROGRAM,
     MANIFEST,
     PROGRAMS,
 )
@@ -183,7 +185,7 @@ def run_predictor(predictor, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
 # on bilinear interpolate (DESIGN.md s4), which is why the decoder program has none; on the
 # image encoder its fusion passes fail to build the program, and with the failing pass
 # removed it crashed, so the encoder always runs on Paddle's own CPU kernels.
-ONEDNN_PROGRAMS = ("prompt_decoder", FEW_TOKENS_PROGRAM)
+ONEDNN_PROGRAMS = ("prompt_decoder", IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM)
 
 
 class ExportedSamPredictor(PredictorBase):
@@ -282,7 +284,7 @@ class StaticSamPredictor(ExportedSamPredictor):
         log (every optimisation pass it runs); quiet by default.
         """
         opts = inference_options(
-            (*PROGRAMS, FEW_TOKENS_PROGRAM),
+            (*PROGRAMS, IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM),
             ONEDNN_PROGRAMS if onednn else (),
             device=device,
             threads=threads,
@@ -298,19 +300,19 @@ class StaticSamPredictor(ExportedSamPredictor):
         super().__init__(export_dir, read_manifest(export_dir))
         self._encoder = self._create("image_encoder", opts)
         self._decoder = self._create("prompt_decoder", opts)
-        # prompts of at most few_tokens_max tokens run the reassociated decoder, if exported
+        # prompts of at most few_tokens_max tokens and no mask input run the few-token decoder
+        # on the image terms computed once per image, if exported
         self._few_tokens_max = int(self.manifest.get("few_tokens_max") or 0)
-        self._decoder_few = (
-            self._create(FEW_TOKENS_PROGRAM, opts)
-            if FEW_TOKENS_PROGRAM in self.manifest["programs"]
-            else None
-        )
+        few = all(p in self.manifest["programs"] for p in (IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM))
+        self._image_terms_program = self._create(IMAGE_TERMS_PROGRAM, opts) if few else None
+        self._decoder_few = self._create(FEW_TOKENS_PROGRAM, opts) if few else None
+        self._image_terms: dict[str, np.ndarray] | None = None
 
     def _create(self, prog: str, opts: dict):
         """A Paddle Inference predictor for one program, configured from ``opts``."""
 
         def trt_shapes(cfg) -> None:
-            if prog != "image_encoder":
+            if prog not in ("image_encoder", IMAGE_TERMS_PROGRAM):  # fixed shapes
                 self._set_trt_shapes(cfg, prog, opts["max_points"])
 
         return create_predictor(self.export_dir, prog, opts, trt_shapes)
@@ -318,24 +320,49 @@ class StaticSamPredictor(ExportedSamPredictor):
     def _set_trt_shapes(self, cfg, prog: str, max_points: int) -> None:
         grid = self.mask_input_size[0] // 4
         c = int(self.manifest["spec"]["prompt_embed_dim"])
-        fixed = {"image_embeddings": [1, c, grid, grid]}
-        if prog == FEW_TOKENS_PROGRAM:  # no mask input; at most few_tokens_max tokens
+        if prog == FEW_TOKENS_PROGRAM:  # image terms, no mask input; few_tokens_max tokens
+            fixed = dict(self.manifest["image_terms"])
             max_points = min(max_points, self._few_tokens_max)
         else:
-            fixed.update(mask_input=[1, 1, 4 * grid, 4 * grid], has_mask_input=[1])
+            fixed = {
+                "image_embeddings": [1, c, grid, grid],
+                "mask_input": [1, 1, 4 * grid, 4 * grid],
+                "has_mask_input": [1],
+            }
         lo = {**fixed, "point_coords": [1, 1, 2], "point_labels": [1, 1]}
         hi = {**fixed, "point_coords": [1, max_points, 2], "point_labels": [1, max_points]}
         opt = {**fixed, "point_coords": [1, 2, 2], "point_labels": [1, 2]}
         cfg.set_trt_dynamic_shape_info(lo, hi, opt)
 
     def _run_encoder(self, image: np.ndarray) -> np.ndarray:
-        return run_predictor(self._encoder, {"image": image})[0]
+        features = run_predictor(self._encoder, {"image": image})[0]
+        if self._image_terms_program is not None:
+            self._image_terms = self._compute_image_terms(features)
+        return features
+
+    def _compute_image_terms(self, features: np.ndarray) -> dict[str, np.ndarray]:
+        """``IMAGE_TERMS_PROGRAM``'s outputs for this image, by name, shapes checked."""
+        out = run_predictor(self._image_terms_program, {"image_embeddings": features})
+        expected = self.manifest["image_terms"]
+        terms = dict(zip(IMAGE_TERMS, out, strict=True))
+        for name, value in terms.items():
+            if list(value.shape) != list(expected[name]):
+                raise ExportFormatError(
+                    f"{self.export_dir}: {IMAGE_TERMS_PROGRAM} returned {name} of shape "
+                    f"{list(value.shape)}, the manifest says {expected[name]}"
+                )
+        return terms
+
+    def reset_image(self) -> None:
+        super().reset_image()
+        self._image_terms = None
 
     def release_memory(self) -> None:
         """Drop both programs' intermediate tensors and shrink Paddle Inference's memory pool
         (on a GPU, its cached blocks); the next call allocates afresh. For long-running
         services between bursts of work; the embedding of the current image is kept."""
-        for predictor in (self._encoder, self._decoder, self._decoder_few):
+        programs = (self._encoder, self._decoder, self._image_terms_program, self._decoder_few)
+        for predictor in programs:
             if predictor is None:
                 continue
             predictor.clear_intermediate_tensor()
@@ -348,6 +375,8 @@ class StaticSamPredictor(ExportedSamPredictor):
             and tokens <= self._few_tokens_max
             and not feeds["has_mask_input"][0]
         )
+        if few:
+            feeds = {**self._image_terms, **feeds}
         iou, low_res = run_predictor(self._decoder_few if few else self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
         iou, low_res = iou[0, sl], low_res[:, sl]

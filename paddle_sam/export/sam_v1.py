@@ -12,11 +12,15 @@ Preprocessing is not in the graph: the static runtime reuses :class:`ResizeLonge
 ``Sam.preprocess`` exactly as the dynamic predictor does.
 
 The PIR decoder programs compute the mask decoder in faster forms of the same function
-(:func:`decoder_formulation`): output upscaling as per-token GEMMs, and in
-``prompt_decoder_few`` the cross-attention reassociated for few prompt tokens and no mask
-input (so none of the mask-input path runs), which the runtime picks for prompts without a
-mask input and with at most ``few_tokens_max`` tokens (vit_b: 16, i.e. up to 10 points, or a
-box and 9 points). Parity with the dynamic model is tested like the rest.
+(:func:`decoder_formulation`): output upscaling as per-token GEMMs, and a pair of programs
+for prompts without a mask input and with at most ``few_tokens_max`` tokens (vit_b: 16, i.e.
+up to 10 points, or a box and 9 points), which the runtime picks for such prompts:
+``decoder_image_terms`` runs once per image (after the encoder) and computes what the
+decoder derives from the image alone (the image tokens with the no-mask embedding added and
+the first transformer block's projections of them, ``TwoWayTransformer.image_terms``);
+``prompt_decoder_few`` takes those and the points, with the later cross-attentions
+reassociated for few prompt tokens and the hypernetwork MLPs batched. Parity with the
+dynamic model is tested like the rest.
 """
 
 from __future__ import annotations
@@ -36,13 +40,21 @@ from ..models.sam import Sam
 
 EXPORT_FORMAT = "paddle-sam/sam_v1-static"
 # 2: the Paddle Inference decoder returns low-res logits; the runtime upscales what it keeps
-FORMAT_VERSION = 2
+# 3: prompt_decoder_few takes the image terms of decoder_image_terms instead of the embedding
+FORMAT_VERSION = 3
 MANIFEST = "export.json"
 PROGRAMS = ("image_encoder", "prompt_decoder")
-# The prompt decoder with the attention reassociated for few prompt tokens (see
-# ``Attention._few_queries``): used by the runtime when the token count allows; optional, an
-# export without it runs ``prompt_decoder`` for every prompt.
+# The prompt decoder for few prompt tokens and no mask input (see ``FewTokenDecoder``) and the
+# per-image program whose outputs it takes: used by the runtime when the token count allows;
+# optional, an export without them runs ``prompt_decoder`` for every prompt.
 FEW_TOKENS_PROGRAM = "prompt_decoder_few"
+IMAGE_TERMS_PROGRAM = "decoder_image_terms"
+IMAGE_TERMS = (
+    "image_tokens",
+    "token_to_image_keys",
+    "token_to_image_values",
+    "image_to_token_queries",
+)
 
 
 class PromptDecoder(nn.Layer):
@@ -60,13 +72,12 @@ class PromptDecoder(nn.Layer):
     The dense positional encoding is a constant of the grid: stored, not recomputed per call.
     """
 
-    def __init__(self, sam: Sam, upscale: bool = False, mask_input: bool = True) -> None:
+    def __init__(self, sam: Sam, upscale: bool = False) -> None:
         super().__init__()
         self.prompt_encoder = sam.prompt_encoder
         self.mask_decoder = sam.mask_decoder
         self.img_size = sam.image_encoder.img_size
         self.upscale = upscale
-        self.mask_input = mask_input
         with paddle.no_grad():
             self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
 
@@ -75,20 +86,16 @@ class PromptDecoder(nn.Layer):
         image_embeddings: paddle.Tensor,
         point_coords: paddle.Tensor,
         point_labels: paddle.Tensor,
-        mask_input: paddle.Tensor | None = None,
-        has_mask_input: paddle.Tensor | None = None,
+        mask_input: paddle.Tensor,
+        has_mask_input: paddle.Tensor,
         orig_im_size: paddle.Tensor | None = None,
     ) -> tuple[paddle.Tensor, ...]:
         pe = self.prompt_encoder
         sparse = pe._embed_points(point_coords, point_labels, pad=False)
         h, w = pe.image_embedding_size
-        no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1])
-        if self.mask_input:
-            has_mask = has_mask_input.reshape([1, 1, 1, 1]) > 0.5
-            no_mask = no_mask.expand([1, -1, h, w])
-            dense = paddle.where(has_mask, pe._embed_masks(mask_input), no_mask)
-        else:  # the program without mask input: added to the embedding by broadcasting
-            dense = no_mask
+        no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1]).expand([1, -1, h, w])
+        has_mask = has_mask_input.reshape([1, 1, 1, 1]) > 0.5
+        dense = paddle.where(has_mask, pe._embed_masks(mask_input), no_mask)
         md = self.mask_decoder
         low_res, iou = md.predict_masks(image_embeddings, self.dense_pe, sparse, dense)
         if not self.upscale:
@@ -108,6 +115,73 @@ class PromptDecoder(nn.Layer):
         return F.interpolate(
             masks, size=[out_hw[0], out_hw[1]], mode="bilinear", align_corners=False
         )
+
+
+class DecoderImageTerms(nn.Layer):
+    """The mask decoder's per-image terms of a prompt without mask input: input
+    image_embeddings 1 x C x h x w; outputs ``IMAGE_TERMS`` (``image_terms_shapes``)."""
+
+    def __init__(self, sam: Sam) -> None:
+        super().__init__()
+        self.prompt_encoder = sam.prompt_encoder
+        self.transformer = sam.mask_decoder.transformer
+        with paddle.no_grad():
+            self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
+
+    def forward(self, image_embeddings: paddle.Tensor) -> list[paddle.Tensor]:
+        no_mask = self.prompt_encoder.no_mask_embed.weight.reshape([1, -1, 1, 1])
+        return self.transformer.image_terms(image_embeddings + no_mask, self.dense_pe)
+
+
+class FewTokenDecoder(nn.Layer):
+    """``PromptDecoder`` without mask input, from the image terms of ``DecoderImageTerms``:
+    inputs ``IMAGE_TERMS``, point_coords 1 x N x 2, point_labels 1 x N; outputs
+    iou_predictions 1 x M, low_res_masks 1 x M x 4h x 4w. Export it inside
+    :func:`decoder_formulation` with ``few_tokens=True``. The image PE (as tokens) and the
+    stacked hypernetwork weights are constants of the model: stored, not recomputed per call.
+    """
+
+    def __init__(self, sam: Sam) -> None:
+        super().__init__()
+        self.prompt_encoder = sam.prompt_encoder
+        self.mask_decoder = sam.mask_decoder
+        with paddle.no_grad():
+            pe = self.prompt_encoder.get_dense_pe().flatten(2).transpose([0, 2, 1])
+            self.register_buffer("key_pe", pe.detach())
+            stacked = self.mask_decoder.stacked_hypernetwork_weights()
+            self.hypernetwork_weights = [f"hypernetwork_{i}" for i in range(len(stacked))]
+            for name, value in zip(self.hypernetwork_weights, stacked, strict=True):
+                self.register_buffer(name, value.detach())
+
+    def forward(
+        self,
+        image_tokens: paddle.Tensor,
+        token_to_image_keys: paddle.Tensor,
+        token_to_image_values: paddle.Tensor,
+        image_to_token_queries: paddle.Tensor,
+        point_coords: paddle.Tensor,
+        point_labels: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        md = self.mask_decoder
+        sparse = self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
+        tokens = md.prompt_tokens(sparse)
+        terms = [image_tokens, token_to_image_keys, token_to_image_values, image_to_token_queries]
+        hs, src = md.transformer.forward_from_image_terms(terms, self.key_pe, tokens)
+        h, w = self.prompt_encoder.image_embedding_size
+        weights = [getattr(self, name) for name in self.hypernetwork_weights]
+        low_res, iou = md.output_heads(hs, src, h, w, hypernetwork_weights=weights)
+        return iou, low_res
+
+
+def image_terms_shapes(sam: Sam) -> dict[str, list[int]]:
+    """Shapes of the ``IMAGE_TERMS`` (batch 1): image tokens 1 x hw x C, per-head projections
+    1 x heads x c x hw (keys, queries: transposed) and 1 x heads x hw x c (values)."""
+    h, w = sam.prompt_encoder.image_embedding_size
+    attn = sam.mask_decoder.transformer.layers[0].cross_attn_token_to_image
+    heads, c = attn.num_heads, attn.internal_dim // attn.num_heads
+    hw, dim = h * w, sam.mask_decoder.transformer_dim
+    shapes = [[1, hw, dim], [1, heads, c, hw], [1, heads, hw, c], [1, heads, c, hw]]
+    return dict(zip(IMAGE_TERMS, shapes, strict=True))
 
 
 def decoder_input_spec(spec, upscale: bool, mask_input: bool = True) -> list[InputSpec]:
@@ -157,7 +231,8 @@ def few_tokens_max(sam: Sam) -> int:
 
 def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> None:
     """``paddle.jit.save`` the image encoder and the prompt decoder (PIR) into ``out``; with
-    ``fast``, the decoder in its faster forms (same function), plus ``FEW_TOKENS_PROGRAM``."""
+    ``fast``, the decoder in its faster forms (same function), plus ``IMAGE_TERMS_PROGRAM``
+    and ``FEW_TOKENS_PROGRAM``."""
     size = sam.spec.image_size
     sam.eval()
     paddle.jit.save(
@@ -165,14 +240,26 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> 
         str(out / "image_encoder"),
         input_spec=[InputSpec([None, 3, size, size], "float32", "image")],
     )
-    decoders = [("prompt_decoder", False)] + ([(FEW_TOKENS_PROGRAM, True)] if fast else [])
-    for name, few in decoders:
-        with decoder_formulation(sam, few_tokens=few, channels_last=fast):
-            paddle.jit.save(
-                PromptDecoder(sam, upscale=upscale, mask_input=not few),
-                str(out / name),
-                input_spec=decoder_input_spec(sam.spec, upscale, mask_input=not few),
-            )
+    with decoder_formulation(sam, few_tokens=False, channels_last=fast):
+        paddle.jit.save(
+            PromptDecoder(sam, upscale=upscale),
+            str(out / "prompt_decoder"),
+            input_spec=decoder_input_spec(sam.spec, upscale),
+        )
+    if not fast:
+        return
+    grid, c = sam.spec.image_embedding_size, sam.spec.prompt_embed_dim
+    paddle.jit.save(
+        DecoderImageTerms(sam),
+        str(out / IMAGE_TERMS_PROGRAM),
+        input_spec=[InputSpec([1, c, grid, grid], "float32", "image_embeddings")],
+    )
+    terms = [InputSpec(shape, "float32", name) for name, shape in image_terms_shapes(sam).items()]
+    points = decoder_input_spec(sam.spec, upscale=False, mask_input=False)[1:]
+    with decoder_formulation(sam, few_tokens=True, channels_last=True):
+        paddle.jit.save(
+            FewTokenDecoder(sam), str(out / FEW_TOKENS_PROGRAM), input_spec=terms + points
+        )
 
 
 def check_outputs(out: Path, files: list[str], overwrite: bool) -> None:
@@ -224,7 +311,8 @@ def export_sam(
 ) -> dict:
     """Write ``image_encoder.*``, ``prompt_decoder.*`` and ``export.json`` to ``out_dir``."""
     out = Path(out_dir)
-    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in (*PROGRAMS, FEW_TOKENS_PROGRAM)}
+    names = (*PROGRAMS, IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM)
+    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in names}
     check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
     save_programs(sam, out, upscale=False, fast=True)
@@ -235,5 +323,6 @@ def export_sam(
         model_type=model_type,
         source_sha256=source_sha256,
         few_tokens_max=few_tokens_max(sam),
+        image_terms=image_terms_shapes(sam),
         **sam_fields(sam),
     )

@@ -28,11 +28,13 @@ def resize_bilinear_np(x: np.ndarray, size: tuple[int, int] | list[int]) -> np.n
     import cv2
 
     out_h, out_w = int(size[0]), int(size[1])
-    planes = np.asarray(x, np.float32).reshape(-1, *x.shape[-2:])
-    out = np.empty((planes.shape[0], out_h, out_w), np.float32)
-    for i, plane in enumerate(planes):
-        out[i] = cv2.resize(plane, (out_w, out_h), interpolation=cv2.INTER_LINEAR)
-    return out.reshape(*x.shape[:-2], out_h, out_w)
+    x = np.asarray(x, np.float32)
+    out = np.empty((*x.shape[:-2], out_h, out_w), np.float32)
+    # plane by plane, straight into ``out``; OpenCV reads row-strided views (a crop) as they are
+    for idx in np.ndindex(*x.shape[:-2]):
+        plane = x[idx] if x.strides[-1] == x.itemsize else np.ascontiguousarray(x[idx])
+        cv2.resize(plane, (out_w, out_h), dst=out[idx], interpolation=cv2.INTER_LINEAR)
+    return out
 
 
 class Linear(nn.Linear):

@@ -72,33 +72,66 @@ class MaskDecoder(nn.Layer):
         dense_prompt_embeddings: paddle.Tensor,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
         """All ``num_mask_tokens`` masks and IoU predictions."""
-        output_tokens = paddle.concat([self.iou_token.weight, self.mask_tokens.weight], axis=0)
-        n = sparse_prompt_embeddings.shape[0]
-        output_tokens = output_tokens.unsqueeze(0).expand([n, -1, -1])
-        tokens = paddle.concat([output_tokens, sparse_prompt_embeddings], axis=1)
-
+        tokens = self.prompt_tokens(sparse_prompt_embeddings)
         # the image embedding for every prompt (upstream: repeat_interleave of a batch of 1)
         # (broadcasting over the prompts, which copies nothing for a single prompt)
         src = image_embeddings + dense_prompt_embeddings
-        pos_src = image_pe
         b, c, h, w = src.shape
+        hs, src = self.transformer(src, image_pe, tokens)
+        return self.output_heads(hs, src, h, w)
 
-        hs, src = self.transformer(src, pos_src, tokens)
+    def prompt_tokens(self, sparse_prompt_embeddings: paddle.Tensor) -> paddle.Tensor:
+        """The IoU and mask output tokens followed by the prompt's: B x (1 + M + N) x C."""
+        output_tokens = paddle.concat([self.iou_token.weight, self.mask_tokens.weight], axis=0)
+        n = sparse_prompt_embeddings.shape[0]
+        output_tokens = output_tokens.unsqueeze(0).expand([n, -1, -1])
+        return paddle.concat([output_tokens, sparse_prompt_embeddings], axis=1)
+
+    def output_heads(
+        self,
+        hs: paddle.Tensor,
+        src: paddle.Tensor,
+        h: int,
+        w: int,
+        hypernetwork_weights: list[paddle.Tensor] | None = None,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """Masks and IoU predictions from the transformer's tokens (hs, B x T x C) and image
+        (src, B x hw x C). hypernetwork_weights: :meth:`stacked_hypernetwork_weights`, to run
+        the M hypernetwork MLPs as one batched product per layer (same function)."""
         iou_token_out = hs[:, 0, :]
         mask_tokens_out = hs[:, 1 : 1 + self.num_mask_tokens, :]
-
-        hyper_in = paddle.stack(
-            [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(self.output_hypernetworks_mlps)],
-            axis=1,
-        )
+        if hypernetwork_weights is None:
+            mlps = self.output_hypernetworks_mlps
+            hyper_in = paddle.stack(
+                [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(mlps)], axis=1
+            )
+        else:
+            x = mask_tokens_out.transpose([1, 0, 2])  # M x B x C
+            last = len(hypernetwork_weights) // 2 - 1
+            for i in range(last + 1):
+                weight, bias = hypernetwork_weights[2 * i], hypernetwork_weights[2 * i + 1]
+                x = paddle.matmul(x, weight) + bias
+                x = F.relu(x) if i < last else x
+            hyper_in = x.transpose([1, 0, 2])  # B x M x C'
         if self.channels_last_upscaling:
             masks = self._masks_channels_last(src, hyper_in, h, w)
         else:
+            b, c = src.shape[0], src.shape[2]
             src = src.transpose([0, 2, 1]).reshape([b, c, h, w])
             upscaled = self.output_upscaling(src)
             b, c, h, w = upscaled.shape
             masks = paddle.matmul(hyper_in, upscaled.reshape([b, c, h * w])).reshape([b, -1, h, w])
         return masks, self.iou_prediction_head(iou_token_out)
+
+    def stacked_hypernetwork_weights(self) -> list[paddle.Tensor]:
+        """Per layer of the hypernetwork MLPs, their weights (M x in x out) and biases
+        (M x 1 x out) stacked: [W_1, b_1, W_2, b_2, ...], for :meth:`output_heads`."""
+        mlps = self.output_hypernetworks_mlps
+        out = []
+        for i in range(mlps[0].num_layers):
+            out.append(paddle.stack([m.layers[i].weight for m in mlps]))
+            out.append(paddle.stack([m.layers[i].bias for m in mlps]).unsqueeze(1))
+        return out
 
     def _masks_channels_last(
         self, src: paddle.Tensor, hyper_in: paddle.Tensor, h: int, w: int

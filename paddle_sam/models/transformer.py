@@ -61,10 +61,49 @@ class TwoWayTransformer(nn.Layer):
         queries, keys = point_embedding, image_embedding
         for layer in self.layers:
             queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=image_pe)
+        return self._final_attention(queries, keys, point_embedding, image_pe)
+
+    def _final_attention(
+        self,
+        queries: paddle.Tensor,
+        keys: paddle.Tensor,
+        point_embedding: paddle.Tensor,
+        key_pe: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
         q = queries + point_embedding
-        k = keys + image_pe
+        k = keys + key_pe
         queries = queries + self.final_attn_token_to_image(q=q, k=k, v=keys)
         return self.norm_final_attn(queries), keys
+
+    # One image, many prompts: the first block's keys are the image tokens themselves, so what
+    # it computes from them alone (their projections in both cross-attentions) can be computed
+    # once per image. The prompt decoder of the static runtime does this (``export/sam_v1.py``).
+
+    def image_terms(
+        self, image_embedding: paddle.Tensor, image_pe: paddle.Tensor
+    ) -> list[paddle.Tensor]:
+        """The prompt-independent inputs of :meth:`forward_from_image_terms`: the image tokens
+        (B x HW x C) and the first block's projections of them
+        (:meth:`TwoWayAttentionBlock.image_terms`)."""
+        keys = image_embedding.flatten(2).transpose([0, 2, 1])
+        key_pe = image_pe.flatten(2).transpose([0, 2, 1])
+        return [keys, *self.layers[0].image_terms(keys, key_pe)]
+
+    def forward_from_image_terms(
+        self,
+        image_terms: list[paddle.Tensor],
+        key_pe: paddle.Tensor,
+        point_embedding: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """:meth:`forward` from :meth:`image_terms` of the image; key_pe is the image PE as
+        tokens (B x HW x C). Same outputs."""
+        keys, *first = image_terms
+        queries, keys = self.layers[0].forward_from_image_terms(
+            point_embedding, keys, point_embedding, first
+        )
+        for layer in self.layers[1:]:
+            queries, keys = layer(queries, keys, query_pe=point_embedding, key_pe=key_pe)
+        return self._final_attention(queries, keys, point_embedding, key_pe)
 
 
 class TwoWayAttentionBlock(nn.Layer):
@@ -101,13 +140,7 @@ class TwoWayAttentionBlock(nn.Layer):
         query_pe: paddle.Tensor,
         key_pe: paddle.Tensor,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        if self.skip_first_layer_pe:
-            queries = self.self_attn(q=queries, k=queries, v=queries)
-        else:
-            q = queries + query_pe
-            queries = queries + self.self_attn(q=q, k=q, v=queries)
-        queries = self.norm1(queries)
-
+        queries = self._self_attention(queries, query_pe)
         q = queries + query_pe
         k = keys + key_pe
         queries = self.norm2(queries + self.cross_attn_token_to_image(q=q, k=k, v=keys))
@@ -117,6 +150,42 @@ class TwoWayAttentionBlock(nn.Layer):
         q = queries + query_pe  # k = keys + key_pe: keys have not changed since
         keys = self.norm4(keys + self.cross_attn_image_to_token(q=k, k=q, v=queries))
         return queries, keys
+
+    def _self_attention(self, queries: paddle.Tensor, query_pe: paddle.Tensor) -> paddle.Tensor:
+        if self.skip_first_layer_pe:
+            queries = self.self_attn(q=queries, k=queries, v=queries)
+        else:
+            q = queries + query_pe
+            queries = queries + self.self_attn(q=q, k=q, v=queries)
+        return self.norm1(queries)
+
+    def image_terms(self, keys: paddle.Tensor, key_pe: paddle.Tensor) -> list[paddle.Tensor]:
+        """What this block computes from its keys alone (keys: B x HW x C): the token->image
+        keys (B x h x c x HW) and values (B x h x HW x c), the image->token queries
+        (B x h x c x HW), per head, biases included."""
+        k = keys + key_pe
+        t2i, i2t = self.cross_attn_token_to_image, self.cross_attn_image_to_token
+        return [
+            t2i._separate_heads(t2i.k_proj(k)).transpose([0, 1, 3, 2]),
+            t2i._separate_heads(t2i.v_proj(keys)),
+            i2t._separate_heads(i2t.q_proj(k)).transpose([0, 1, 3, 2]),
+        ]
+
+    def forward_from_image_terms(
+        self, queries: paddle.Tensor, keys: paddle.Tensor, query_pe: paddle.Tensor, terms
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """:meth:`forward` with the keys' projections given (:meth:`image_terms`); keys are
+        needed only for the residual."""
+        t2i_k, t2i_v, i2t_q = terms
+        queries = self._self_attention(queries, query_pe)
+        attn = self.cross_attn_token_to_image.attend_projected_keys(
+            queries + query_pe, t2i_k, t2i_v
+        )
+        queries = self.norm2(queries + attn)
+        queries = self.norm3(queries + self.mlp(queries))
+        q = queries + query_pe
+        attn = self.cross_attn_image_to_token.attend_projected_queries(i2t_q, q, queries)
+        return queries, self.norm4(keys + attn)
 
 
 class Attention(nn.Layer):
@@ -200,15 +269,43 @@ class Attention(nn.Layer):
 
     def _few_keys(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         """Many queries (B x L x D), few keys and values (B x N x D)."""
-        b, n = k.shape[0], k.shape[1]
+        b, length = q.shape[0], q.shape[1]
         h, c = self.num_heads, self.internal_dim // self.num_heads
         kh = self._per_head(self.k_proj(k) / math.sqrt(c))  # B x hN x I
-        # (q W_q,h + b_q,h) k_h^T = q (W_q,h k_h^T) + b_q,h k_h^T, heads side by side
+        # (q W_q,h + b_q,h) k_h^T = (W_q,h k_h^T)^T q^T + b_q,h k_h^T, heads stacked; scores
+        # as B x h x N x L, so softmax runs over axis 2 (a long contiguous last axis)
         m = paddle.matmul(kh, self.q_proj.weight, transpose_y=True)  # B x hN x D
-        bias = paddle.matmul(kh, self.q_proj.bias).unsqueeze(1)  # B x 1 x hN
-        scores = paddle.matmul(q, m, transpose_y=True) + bias
-        attn = F.softmax(scores.reshape([b, -1, h, n]), axis=-1).reshape([b, -1, h * n])
+        bias = paddle.matmul(kh, self.q_proj.bias).unsqueeze(-1)  # B x hN x 1
+        scores = paddle.matmul(m, q, transpose_y=True) + bias  # B x hN x L
+        return self._image_query_output(scores.reshape([b, h, -1, length]), v)
+
+    def _image_query_output(self, scores: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        """Softmax over the few keys of scores (B x h x N x L) and the output (B x L x D)."""
+        b, h, length = scores.shape[0], self.num_heads, scores.shape[-1]
+        attn = F.softmax(scores, axis=2).reshape([b, -1, length])  # B x hN x L
         # concat_h(attn_h v_h) W_o + b_o = sum_h attn_h (v_h W_o,h + b_o / h): each head's
         # weights sum to one, so the bias rides in the small factor (no L x D add)
         p = paddle.matmul(self._per_head(self.v_proj(v)), self.out_proj.weight)  # B x hN x D
-        return paddle.matmul(attn, p + self.out_proj.bias / h)
+        return paddle.matmul(attn, p + self.out_proj.bias / h, transpose_x=True)
+
+    # The same attention with the image side projected beforehand (per head, biases included;
+    # ``TwoWayAttentionBlock.image_terms``): only the few tokens are projected per call.
+
+    def attend_projected_keys(
+        self, q: paddle.Tensor, keys_t: paddle.Tensor, values: paddle.Tensor
+    ) -> paddle.Tensor:
+        """Few queries (B x N x D) over keys and values already projected: keys_t
+        B x h x c x L, values B x h x L x c. Returns B x N x D."""
+        c = self.internal_dim // self.num_heads
+        qh = self._separate_heads(self.q_proj(q) / math.sqrt(c))  # B x h x N x c
+        attn = F.softmax(paddle.matmul(qh, keys_t), axis=-1)  # B x h x N x L
+        return self.out_proj(self._recombine_heads(paddle.matmul(attn, values)))
+
+    def attend_projected_queries(
+        self, queries_t: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor
+    ) -> paddle.Tensor:
+        """Queries already projected (B x h x c x L) over few keys and values (B x N x D).
+        Returns B x L x D."""
+        c = self.internal_dim // self.num_heads
+        kh = self._separate_heads(self.k_proj(k) / math.sqrt(c))  # B x h x N x c
+        return self._image_query_output(paddle.matmul(kh, queries_t), v)  # scores B x h x N x L
