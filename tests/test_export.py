@@ -184,7 +184,7 @@ def test_image_terms_once_per_image(exported):
     sp.predict(box=np.array([10, 20, 90, 100]), mask_input=prev)
     assert (terms.runs, few.runs, general.runs) == (2, 6, 4)
     sp.reset_image()
-    assert sp._image_terms is None
+    assert sp.image_terms is None
 
 
 def test_box_box_with_points_and_mask_input(pair):

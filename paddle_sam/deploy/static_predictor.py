@@ -258,7 +258,14 @@ class ExportedSamPredictor(PredictorBase):
 
 
 class StaticSamPredictor(ExportedSamPredictor):
-    """``SamPredictor``'s API over a ``paddle-sam export`` folder, on Paddle Inference."""
+    """``SamPredictor``'s API over a ``paddle-sam export`` folder, on Paddle Inference.
+
+    Per image it holds ``features`` (the embedding) and ``image_terms`` (the decoder's
+    per-image terms, ``IMAGE_TERMS_PROGRAM``'s outputs by name, or None without that program);
+    ``session_state_keys`` names the attributes that make up an image's state, for a service
+    that swaps images between calls."""
+
+    session_state_keys = ("features", "original_size", "input_size", "image_terms")
 
     def __init__(
         self,
@@ -306,7 +313,7 @@ class StaticSamPredictor(ExportedSamPredictor):
         few = all(p in self.manifest["programs"] for p in (IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM))
         self._image_terms_program = self._create(IMAGE_TERMS_PROGRAM, opts) if few else None
         self._decoder_few = self._create(FEW_TOKENS_PROGRAM, opts) if few else None
-        self._image_terms: dict[str, np.ndarray] | None = None
+        self.image_terms: dict[str, np.ndarray] | None = None
 
     def _create(self, prog: str, opts: dict):
         """A Paddle Inference predictor for one program, configured from ``opts``."""
@@ -337,7 +344,7 @@ class StaticSamPredictor(ExportedSamPredictor):
     def _run_encoder(self, image: np.ndarray) -> np.ndarray:
         features = run_predictor(self._encoder, {"image": image})[0]
         if self._image_terms_program is not None:
-            self._image_terms = self._compute_image_terms(features)
+            self.image_terms = self._compute_image_terms(features)
         return features
 
     def _compute_image_terms(self, features: np.ndarray) -> dict[str, np.ndarray]:
@@ -355,7 +362,7 @@ class StaticSamPredictor(ExportedSamPredictor):
 
     def reset_image(self) -> None:
         super().reset_image()
-        self._image_terms = None
+        self.image_terms = None
 
     def release_memory(self) -> None:
         """Drop both programs' intermediate tensors and shrink Paddle Inference's memory pool
@@ -371,12 +378,12 @@ class StaticSamPredictor(ExportedSamPredictor):
     def _run_decoder(self, feeds, multimask_output):
         tokens = 1 + int(self.manifest["num_mask_tokens"]) + feeds["point_labels"].shape[1]
         few = (
-            self._decoder_few is not None
+            self.image_terms is not None
             and tokens <= self._few_tokens_max
             and not feeds["has_mask_input"][0]
         )
         if few:
-            feeds = {**self._image_terms, **feeds}
+            feeds = {**self.image_terms, **feeds}
         iou, low_res = run_predictor(self._decoder_few if few else self._decoder, feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
         iou, low_res = iou[0, sl], low_res[:, sl]
