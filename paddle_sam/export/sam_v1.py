@@ -57,7 +57,24 @@ IMAGE_TERMS = (
 )
 
 
-class PromptDecoder(nn.Layer):
+class _WithGemmWeights(nn.Layer):
+    """An exported decoder layer that stores the mask decoder's output-head weights in their
+    GEMM layouts (``MaskDecoder.gemm_weights``) as constants, instead of computing them from
+    the parameters in every call."""
+
+    def _store_gemm_weights(self, mask_decoder) -> None:
+        self._gemm_names: dict[str, list[str]] = {}
+        with paddle.no_grad():
+            for key, tensors in mask_decoder.gemm_weights().items():
+                self._gemm_names[key] = [f"{key}_{i}" for i in range(len(tensors))]
+                for name, value in zip(self._gemm_names[key], tensors, strict=True):
+                    self.register_buffer(name, value.detach())
+
+    def _gemm_weights(self) -> dict[str, list[paddle.Tensor]]:
+        return {k: [getattr(self, n) for n in names] for k, names in self._gemm_names.items()}
+
+
+class PromptDecoder(_WithGemmWeights):
     """Prompt encoder + mask decoder as one exportable layer.
 
     Inputs: image_embeddings 1 x C x h x w; point_coords 1 x N x 2 (resized frame);
@@ -69,15 +86,19 @@ class PromptDecoder(nn.Layer):
 
     Without ``upscale`` (the Paddle Inference program) the graph has no bilinear resize, so
     oneDNN can run it on Paddle 3.3.x, and the runtime upscales only the masks it returns.
-    The dense positional encoding is a constant of the grid: stored, not recomputed per call.
+    The dense positional encoding is a constant of the grid: stored, not recomputed per call;
+    with ``gemm_weights``, so are the output heads' GEMM weights (``_WithGemmWeights``).
     """
 
-    def __init__(self, sam: Sam, upscale: bool = False) -> None:
+    def __init__(self, sam: Sam, upscale: bool = False, gemm_weights: bool = False) -> None:
         super().__init__()
         self.prompt_encoder = sam.prompt_encoder
         self.mask_decoder = sam.mask_decoder
         self.img_size = sam.image_encoder.img_size
         self.upscale = upscale
+        self.stored_gemm_weights = gemm_weights
+        if gemm_weights:
+            self._store_gemm_weights(self.mask_decoder)
         with paddle.no_grad():
             self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
 
@@ -97,7 +118,8 @@ class PromptDecoder(nn.Layer):
         has_mask = has_mask_input.reshape([1, 1, 1, 1]) > 0.5
         dense = paddle.where(has_mask, pe._embed_masks(mask_input), no_mask)
         md = self.mask_decoder
-        low_res, iou = md.predict_masks(image_embeddings, self.dense_pe, sparse, dense)
+        weights = self._gemm_weights() if self.stored_gemm_weights else None
+        low_res, iou = md.predict_masks(image_embeddings, self.dense_pe, sparse, dense, weights)
         if not self.upscale:
             return iou, low_res
         return self.postprocess(low_res, orig_im_size), iou, low_res
@@ -133,12 +155,12 @@ class DecoderImageTerms(nn.Layer):
         return self.transformer.image_terms(image_embeddings + no_mask, self.dense_pe)
 
 
-class FewTokenDecoder(nn.Layer):
+class FewTokenDecoder(_WithGemmWeights):
     """``PromptDecoder`` without mask input, from the image terms of ``DecoderImageTerms``:
     inputs ``IMAGE_TERMS``, point_coords 1 x N x 2, point_labels 1 x N; outputs
     iou_predictions 1 x M, low_res_masks 1 x M x 4h x 4w. Export it inside
     :func:`decoder_formulation` with ``few_tokens=True``. The image PE (as tokens) and the
-    stacked hypernetwork weights are constants of the model: stored, not recomputed per call.
+    output heads' GEMM weights are constants of the model: stored, not recomputed per call.
     """
 
     def __init__(self, sam: Sam) -> None:
@@ -148,10 +170,7 @@ class FewTokenDecoder(nn.Layer):
         with paddle.no_grad():
             pe = self.prompt_encoder.get_dense_pe().flatten(2).transpose([0, 2, 1])
             self.register_buffer("key_pe", pe.detach())
-            stacked = self.mask_decoder.stacked_hypernetwork_weights()
-            self.hypernetwork_weights = [f"hypernetwork_{i}" for i in range(len(stacked))]
-            for name, value in zip(self.hypernetwork_weights, stacked, strict=True):
-                self.register_buffer(name, value.detach())
+        self._store_gemm_weights(self.mask_decoder)
 
     def forward(
         self,
@@ -168,8 +187,7 @@ class FewTokenDecoder(nn.Layer):
         terms = [image_tokens, token_to_image_keys, token_to_image_values, image_to_token_queries]
         hs, src = md.transformer.forward_from_image_terms(terms, self.key_pe, tokens)
         h, w = self.prompt_encoder.image_embedding_size
-        weights = [getattr(self, name) for name in self.hypernetwork_weights]
-        low_res, iou = md.output_heads(hs, src, h, w, hypernetwork_weights=weights)
+        low_res, iou = md.output_heads(hs, src, h, w, self._gemm_weights())
         return iou, low_res
 
 
@@ -242,7 +260,7 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> 
     )
     with decoder_formulation(sam, few_tokens=False, channels_last=fast):
         paddle.jit.save(
-            PromptDecoder(sam, upscale=upscale),
+            PromptDecoder(sam, upscale=upscale, gemm_weights=fast),
             str(out / "prompt_decoder"),
             input_spec=decoder_input_spec(sam.spec, upscale),
         )

@@ -70,15 +70,17 @@ class MaskDecoder(nn.Layer):
         image_pe: paddle.Tensor,
         sparse_prompt_embeddings: paddle.Tensor,
         dense_prompt_embeddings: paddle.Tensor,
+        gemm_weights: dict[str, list[paddle.Tensor]] | None = None,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """All ``num_mask_tokens`` masks and IoU predictions."""
+        """All ``num_mask_tokens`` masks and IoU predictions (gemm_weights: see
+        :meth:`output_heads`)."""
         tokens = self.prompt_tokens(sparse_prompt_embeddings)
         # the image embedding for every prompt (upstream: repeat_interleave of a batch of 1)
         # (broadcasting over the prompts, which copies nothing for a single prompt)
         src = image_embeddings + dense_prompt_embeddings
         b, c, h, w = src.shape
         hs, src = self.transformer(src, image_pe, tokens)
-        return self.output_heads(hs, src, h, w)
+        return self.output_heads(hs, src, h, w, gemm_weights)
 
     def prompt_tokens(self, sparse_prompt_embeddings: paddle.Tensor) -> paddle.Tensor:
         """The IoU and mask output tokens followed by the prompt's: B x (1 + M + N) x C."""
@@ -93,28 +95,32 @@ class MaskDecoder(nn.Layer):
         src: paddle.Tensor,
         h: int,
         w: int,
-        hypernetwork_weights: list[paddle.Tensor] | None = None,
+        gemm_weights: dict[str, list[paddle.Tensor]] | None = None,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
         """Masks and IoU predictions from the transformer's tokens (hs, B x T x C) and image
-        (src, B x hw x C). hypernetwork_weights: :meth:`stacked_hypernetwork_weights`, to run
-        the M hypernetwork MLPs as one batched product per layer (same function)."""
+        (src, B x hw x C). gemm_weights: :meth:`gemm_weights`, computed once by the caller;
+        with them the M hypernetwork MLPs run as one batched product per layer, and the
+        per-token upscaling (``channels_last_upscaling``) takes its GEMM weights as given
+        (same function)."""
         iou_token_out = hs[:, 0, :]
         mask_tokens_out = hs[:, 1 : 1 + self.num_mask_tokens, :]
-        if hypernetwork_weights is None:
+        if gemm_weights is None:
             mlps = self.output_hypernetworks_mlps
             hyper_in = paddle.stack(
                 [mlp(mask_tokens_out[:, i, :]) for i, mlp in enumerate(mlps)], axis=1
             )
         else:
+            stacked = gemm_weights["hypernetwork"]
             x = mask_tokens_out.transpose([1, 0, 2])  # M x B x C
-            last = len(hypernetwork_weights) // 2 - 1
+            last = len(stacked) // 2 - 1
             for i in range(last + 1):
-                weight, bias = hypernetwork_weights[2 * i], hypernetwork_weights[2 * i + 1]
+                weight, bias = stacked[2 * i], stacked[2 * i + 1]
                 x = paddle.matmul(x, weight) + bias
                 x = F.relu(x) if i < last else x
             hyper_in = x.transpose([1, 0, 2])  # B x M x C'
         if self.channels_last_upscaling:
-            masks = self._masks_channels_last(src, hyper_in, h, w)
+            upscaling = None if gemm_weights is None else gemm_weights["upscaling"]
+            masks = self._masks_channels_last(src, hyper_in, h, w, upscaling)
         else:
             b, c = src.shape[0], src.shape[2]
             src = src.transpose([0, 2, 1]).reshape([b, c, h, w])
@@ -123,37 +129,61 @@ class MaskDecoder(nn.Layer):
             masks = paddle.matmul(hyper_in, upscaled.reshape([b, c, h * w])).reshape([b, -1, h, w])
         return masks, self.iou_prediction_head(iou_token_out)
 
-    def stacked_hypernetwork_weights(self) -> list[paddle.Tensor]:
-        """Per layer of the hypernetwork MLPs, their weights (M x in x out) and biases
-        (M x 1 x out) stacked: [W_1, b_1, W_2, b_2, ...], for :meth:`output_heads`."""
+    def gemm_weights(self) -> dict[str, list[paddle.Tensor]]:
+        """The output heads' weights in the layouts of their GEMM forms, for
+        :meth:`output_heads` (the export stores them as constants of the program).
+
+        "hypernetwork": per layer of the M hypernetwork MLPs, their weights stacked
+        (M x in x out) and biases (M x 1 x out): [W_1, b_1, W_2, b_2, ...]; "upscaling": per
+        transposed convolution, its weight as in x (ky, kx, out) and its bias repeated for the
+        4 positions: [W_1, b_1, W_2, b_2]."""
         mlps = self.output_hypernetworks_mlps
-        out = []
+        hyper = []
         for i in range(mlps[0].num_layers):
-            out.append(paddle.stack([m.layers[i].weight for m in mlps]))
-            out.append(paddle.stack([m.layers[i].bias for m in mlps]).unsqueeze(1))
-        return out
+            hyper.append(paddle.stack([m.layers[i].weight for m in mlps]))
+            hyper.append(paddle.stack([m.layers[i].bias for m in mlps]).unsqueeze(1))
+        up1, _, _, up2, _ = self.output_upscaling
+        upscaling = []
+        for conv in (up1, up2):
+            cin, cout = conv.weight.shape[:2]  # [in, out, 2, 2] -> [in, (ky, kx, out)]
+            upscaling.append(conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout]))
+            upscaling.append(paddle.tile(conv.bias, [4]))
+        return {"hypernetwork": hyper, "upscaling": upscaling}
 
     def _masks_channels_last(
-        self, src: paddle.Tensor, hyper_in: paddle.Tensor, h: int, w: int
+        self,
+        src: paddle.Tensor,
+        hyper_in: paddle.Tensor,
+        h: int,
+        w: int,
+        upscaling: list[paddle.Tensor] | None = None,
     ) -> paddle.Tensor:
         """``output_upscaling`` and the hypernetwork product on tokens (B x hw x C), exactly
         the same function: a 2 x 2 transposed convolution of stride 2 maps every input pixel
         to its own 2 x 2 output block, i.e. a GEMM C -> 4 C' per token; LayerNorm2d is a
         layer_norm over the last axis. Only the M mask logits per pixel are rearranged into an
-        image at the end, instead of transposing 32..256 feature channels at every stage."""
+        image at the end, instead of transposing 32..256 feature channels at every stage.
+
+        upscaling: the GEMM weights of :meth:`gemm_weights`, if the caller holds them."""
         up1, norm, act1, up2, act2 = self.output_upscaling
         b = src.shape[0]
+        c1, c2 = up1.weight.shape[1], up2.weight.shape[1]
+        if upscaling is None:
 
-        def conv_t(x: paddle.Tensor, conv: nn.Conv2DTranspose) -> paddle.Tensor:
-            cin, cout = conv.weight.shape[:2]  # [in, out, 2, 2] -> [in, (ky, kx, out)]
-            weight = conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout])
-            # bias after the reshape: Paddle Inference 3.3's fc fusion would take the 4-D
-            # transposed weight of a matmul + add for its own and refuse the program
-            return paddle.matmul(x, weight).reshape([b, -1, cout]) + conv.bias
+            def conv_t(x: paddle.Tensor, conv: nn.Conv2DTranspose) -> paddle.Tensor:
+                cin, cout = conv.weight.shape[:2]
+                weight = conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout])
+                # bias after the reshape: Paddle Inference 3.3's fc fusion would take the 4-D
+                # transposed weight of a matmul + add for its own and refuse the program
+                return paddle.matmul(x, weight).reshape([b, -1, cout]) + conv.bias
 
-        x = F.layer_norm(conv_t(src, up1), norm.weight.shape, norm.weight, norm.bias, norm.eps)
-        x = act1(x)
-        x = act2(conv_t(x, up2))  # B x (hw * 16) x C'
+            x = act1(F.layer_norm(conv_t(src, up1), [c1], norm.weight, norm.bias, norm.eps))
+            x = act2(conv_t(x, up2))  # B x (hw * 16) x C'
+        else:  # GEMM + bias (+ activation, elementwise: before the reshape), fusable as one
+            w1, b1, w2, b2 = upscaling
+            x = (paddle.matmul(src, w1) + b1).reshape([b, -1, c1])
+            x = act1(F.layer_norm(x, [c1], norm.weight, norm.bias, norm.eps))
+            x = act2(paddle.matmul(x, w2) + b2).reshape([b, -1, c2])
         masks = paddle.matmul(x, hyper_in, transpose_y=True)  # B x (hw * 16) x M
         # rows are (y, x, ky1, kx1, ky2, kx2): output pixel (4y + 2ky1 + ky2, 4x + 2kx1 + kx2)
         masks = masks.reshape([b, h, w, 2, 2, 2, 2, -1]).transpose([0, 7, 1, 3, 5, 2, 4, 6])
