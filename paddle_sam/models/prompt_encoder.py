@@ -62,15 +62,15 @@ class PromptEncoder(nn.Layer):
             points = paddle.concat([points, paddle.zeros_like(points[:, :1, :])], axis=1)
             labels = paddle.concat([labels, paddle.full_like(labels[:, :1], -1)], axis=1)
         pe = self.pe_layer.forward_with_coords(points, self.input_image_size)
-        labels = labels.unsqueeze(-1)
-
-        def is_(value: int) -> paddle.Tensor:
-            return (labels == value).astype(pe.dtype)
-
-        out = pe * (1.0 - is_(-1)) + self.not_a_point_embed.weight * is_(-1)
-        for i, emb in enumerate(self.point_embeddings):
-            out = out + emb.weight * is_(i)
-        return out
+        # one-hot over the labels -1 .. 3 (all zero for any other value, which then gets no
+        # label embedding, as upstream) times the table of the five embeddings: the same sums
+        # as adding each embedding where its label matches, in a few ops instead of 25
+        codes = paddle.arange(-1, self.num_point_embeddings, dtype=labels.dtype)
+        one_hot = (labels.unsqueeze(-1) == codes).astype(pe.dtype)  # B x N x 5
+        table = paddle.concat(
+            [self.not_a_point_embed.weight] + [e.weight for e in self.point_embeddings]
+        )
+        return pe * (1.0 - one_hot[:, :, :1]) + paddle.matmul(one_hot, table)
 
     def _embed_boxes(self, boxes: paddle.Tensor) -> paddle.Tensor:
         """B x 4 (xyxy, input-frame pixels) -> B x 2 x embed_dim."""
