@@ -273,7 +273,8 @@ class Attention(nn.Layer):
         h, c = self.num_heads, self.internal_dim // self.num_heads
         kh = self._per_head(self.k_proj(k) / math.sqrt(c))  # B x hN x I
         # (q W_q,h + b_q,h) k_h^T = (W_q,h k_h^T)^T q^T + b_q,h k_h^T, heads stacked; scores
-        # as B x h x N x L, so softmax runs over axis 2 (a long contiguous last axis)
+        # as B x h x N x L: the softmax over the N keys (axis 2) then vectorises along the
+        # long contiguous L axis (oneDNN's softmax over a last axis of N ~ 7 was 2.5x slower)
         m = paddle.matmul(kh, self.q_proj.weight, transpose_y=True)  # B x hN x D
         bias = paddle.matmul(kh, self.q_proj.bias).unsqueeze(-1)  # B x hN x 1
         scores = paddle.matmul(m, q, transpose_y=True) + bias  # B x hN x L
