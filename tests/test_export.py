@@ -286,6 +286,17 @@ def test_decoder_with_and_without_onednn(exported, pair):
         _same(p.predict(pts, lbl), dp.predict(pts, lbl))
 
 
+def test_manifest_without_image_terms_refused(exported, tmp_path):
+    _, d, _ = exported
+    broken = tmp_path / "broken"
+    shutil.copytree(d, broken)
+    manifest = json.loads((broken / "export.json").read_text())
+    del manifest["image_terms"]
+    (broken / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportFormatError, match="image_terms"):
+        StaticSamPredictor(broken)
+
+
 def test_old_export_version_refused(exported, tmp_path):
     _, d, _ = exported
     old = tmp_path / "old"

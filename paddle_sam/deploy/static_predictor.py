@@ -318,9 +318,14 @@ class StaticSamPredictor(ExportedSamPredictor):
         # on the image terms computed once per image, if exported
         self._few_tokens_max = int(self.manifest.get("few_tokens_max") or 0)
         few = all(p in self.manifest["programs"] for p in (IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM))
+        if few and not isinstance(self.manifest.get("image_terms"), dict):
+            raise ExportFormatError(
+                f"{self.export_dir / MANIFEST} lists {FEW_TOKENS_PROGRAM} but not the shapes of "
+                "its image terms ('image_terms'); export the model again"
+            )
         self._image_terms_program = self._create(IMAGE_TERMS_PROGRAM, opts) if few else None
         self._decoder_few = self._create(FEW_TOKENS_PROGRAM, opts) if few else None
-        self.image_terms: dict[str, np.ndarray] | None = None
+        self.image_terms: dict | None = None  # name -> tensor (CPU) or array
 
     def _create(self, prog: str, opts: dict):
         """A Paddle Inference predictor for one program, configured from ``opts``."""
@@ -376,7 +381,7 @@ class StaticSamPredictor(ExportedSamPredictor):
         self.image_terms = None
 
     def release_memory(self) -> None:
-        """Drop both programs' intermediate tensors and shrink Paddle Inference's memory pool
+        """Drop every program's intermediate tensors and shrink Paddle Inference's memory pool
         (on a GPU, its cached blocks); the next call allocates afresh. For long-running
         services between bursts of work; the embedding of the current image is kept."""
         programs = (self._encoder, self._decoder, self._image_terms_program, self._decoder_few)
