@@ -128,7 +128,7 @@ def cmd_export(args) -> int:
     sam = _load_model(args)
     meta = read_sidecar(args.checkpoint or DEFAULT_MODEL) or {}
     t = time.perf_counter()
-    export(
+    manifest = export(
         sam,
         args.output,
         model_type=args.model_type or meta.get("model_type"),
@@ -136,9 +136,10 @@ def cmd_export(args) -> int:
         overwrite=args.overwrite,
     )
     ext = "onnx" if args.format == "onnx" else "{json,pdiparams}"
+    files = ", ".join(f"{name}.{ext}" for name in manifest["programs"])
     print(
-        f"exported ({args.format}) -> {args.output}/ (image_encoder.{ext}, prompt_decoder.{ext}, "
-        f"export.json) in {time.perf_counter() - t:.1f}s"
+        f"exported ({args.format}) -> {args.output}/ ({files}, export.json) "
+        f"in {time.perf_counter() - t:.1f}s"
     )
     return 0
 
