@@ -202,17 +202,23 @@ def image_terms_shapes(sam: Sam) -> dict[str, list[int]]:
     return dict(zip(IMAGE_TERMS, shapes, strict=True))
 
 
-def decoder_input_spec(spec, upscale: bool, mask_input: bool = True) -> list[InputSpec]:
+def point_input_spec() -> list[InputSpec]:
+    """The point inputs of both decoder programs: a dynamic number of points, batch 1."""
+    return [
+        InputSpec([1, None, 2], "float32", "point_coords"),
+        InputSpec([1, None], "float32", "point_labels"),
+    ]
+
+
+def decoder_input_spec(spec, upscale: bool) -> list[InputSpec]:
     """Inputs of the prompt decoder program: a dynamic number of points, batch 1."""
     grid, c = spec.image_embedding_size, spec.prompt_embed_dim
     inputs = [
         InputSpec([1, c, grid, grid], "float32", "image_embeddings"),
-        InputSpec([1, None, 2], "float32", "point_coords"),
-        InputSpec([1, None], "float32", "point_labels"),
+        *point_input_spec(),
+        InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"),
+        InputSpec([1], "float32", "has_mask_input"),
     ]
-    if mask_input:
-        inputs.append(InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"))
-        inputs.append(InputSpec([1], "float32", "has_mask_input"))
     if upscale:
         inputs.append(InputSpec([2], "int64", "orig_im_size"))
     return inputs
@@ -273,10 +279,11 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> 
         input_spec=[InputSpec([1, c, grid, grid], "float32", "image_embeddings")],
     )
     terms = [InputSpec(shape, "float32", name) for name, shape in image_terms_shapes(sam).items()]
-    points = decoder_input_spec(sam.spec, upscale=False, mask_input=False)[1:]
     with decoder_formulation(sam, few_tokens=True, channels_last=True):
         paddle.jit.save(
-            FewTokenDecoder(sam), str(out / FEW_TOKENS_PROGRAM), input_spec=terms + points
+            FewTokenDecoder(sam),
+            str(out / FEW_TOKENS_PROGRAM),
+            input_spec=terms + point_input_spec(),
         )
 
 
@@ -329,8 +336,8 @@ def export_sam(
 ) -> dict:
     """Write ``image_encoder.*``, ``prompt_decoder.*`` and ``export.json`` to ``out_dir``."""
     out = Path(out_dir)
-    names = (*PROGRAMS, IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM)
-    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in names}
+    every = (*PROGRAMS, IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM)
+    programs = {p: [f"{p}.json", f"{p}.pdiparams"] for p in every}
     check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
     save_programs(sam, out, upscale=False, fast=True)

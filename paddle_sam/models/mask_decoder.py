@@ -145,9 +145,7 @@ class MaskDecoder(nn.Layer):
         up1, _, _, up2, _ = self.output_upscaling
         upscaling = []
         for conv in (up1, up2):
-            cin, cout = conv.weight.shape[:2]  # [in, out, 2, 2] -> [in, (ky, kx, out)]
-            upscaling.append(conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout]))
-            upscaling.append(paddle.tile(conv.bias, [4]))
+            upscaling += [_conv_t_gemm_weight(conv), paddle.tile(conv.bias, [4])]
         return {"hypernetwork": hyper, "upscaling": upscaling}
 
     def _masks_channels_last(
@@ -171,11 +169,10 @@ class MaskDecoder(nn.Layer):
         if upscaling is None:
 
             def conv_t(x: paddle.Tensor, conv: nn.Conv2DTranspose) -> paddle.Tensor:
-                cin, cout = conv.weight.shape[:2]
-                weight = conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout])
                 # bias after the reshape: Paddle Inference 3.3's fc fusion would take the 4-D
                 # transposed weight of a matmul + add for its own and refuse the program
-                return paddle.matmul(x, weight).reshape([b, -1, cout]) + conv.bias
+                out = paddle.matmul(x, _conv_t_gemm_weight(conv))
+                return out.reshape([b, -1, conv.weight.shape[1]]) + conv.bias
 
             x = act1(F.layer_norm(conv_t(src, up1), [c1], norm.weight, norm.bias, norm.eps))
             x = act2(conv_t(x, up2))  # B x (hw * 16) x C'
@@ -188,3 +185,10 @@ class MaskDecoder(nn.Layer):
         # rows are (y, x, ky1, kx1, ky2, kx2): output pixel (4y + 2ky1 + ky2, 4x + 2kx1 + kx2)
         masks = masks.reshape([b, h, w, 2, 2, 2, 2, -1]).transpose([0, 7, 1, 3, 5, 2, 4, 6])
         return masks.reshape([b, -1, 4 * h, 4 * w])
+
+
+def _conv_t_gemm_weight(conv: nn.Conv2DTranspose) -> paddle.Tensor:
+    """A 2 x 2 stride-2 transposed convolution's weight as a GEMM weight: [in, out, 2, 2] ->
+    [in, (ky, kx, out)], each input pixel's 2 x 2 output block side by side."""
+    cin, cout = conv.weight.shape[:2]
+    return conv.weight.transpose([0, 2, 3, 1]).reshape([cin, 4 * cout])
