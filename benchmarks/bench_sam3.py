@@ -158,9 +158,11 @@ def run_torch_worker(args) -> dict:
     from sam3.model.sam3_image_processor import Sam3Processor
 
     import_s = time.perf_counter() - t0
-    from _sam3_ref import cpu_patches  # sam3 0.1.4's three CUDA-only spots (DESIGN.md 2)
+    from _sam3_ref import (
+        cpu_patches,  # sam3 0.1.4's three CUDA-only spots (docs/design.md section 1)
+    )
 
-    from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -199,7 +201,8 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
     """One set of full-size weights, as the file (or export folder) each implementation
     loads: {impl: path}."""
     from paddle_sam.convert import sam3 as conv
-    from paddle_sam.convert.checkpoint import convert_checkpoint, save_pdparams
+    from paddle_sam.convert.checkpoint import convert_checkpoint
+    from paddle_sam.convert.core import save_pdparams
 
     pdparams = tmp / "sam3.pdparams"
     paths: dict[str, Path] = {}
@@ -211,7 +214,7 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
         from _sam3_ref import cpu_patches, fan_in_init_, perturb_module_
         from sam3 import model_builder
 
-        from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+        from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
 
         with cpu_patches(), torch.no_grad():
             torch.manual_seed(v1.SEED)
@@ -230,7 +233,7 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
     if "paddle" in impls:
         paths["paddle"] = pdparams
     if "static" in impls:
-        from paddle_sam.convert.checkpoint import load_sam3
+        from paddle_sam.build.sam3 import load_sam3
         from paddle_sam.export.sam3 import export_sam3
 
         export_sam3(load_sam3(pdparams), tmp / "export")

@@ -241,9 +241,10 @@ def worker_main(args: argparse.Namespace) -> None:
 
 def write_weights(model_type: str, impls: Sequence[str], tmp: Path) -> dict[str, Path]:
     """One set of random weights, as the file each implementation loads: {impl: path}."""
-    from paddle_sam.convert.checkpoint import convert_checkpoint, save_pdparams
+    from paddle_sam.convert.checkpoint import convert_checkpoint
+    from paddle_sam.convert.core import save_pdparams
     from paddle_sam.convert.sam_v1 import convert_state_dict, random_official_state_dict
-    from paddle_sam.models.build_sam import SAM_SPECS
+    from paddle_sam.models.sam_v1.build_sam import SAM_SPECS
 
     spec = SAM_SPECS[model_type]
     pdparams = tmp / f"sam_{model_type}.pdparams"
@@ -263,7 +264,7 @@ def write_weights(model_type: str, impls: Sequence[str], tmp: Path) -> dict[str,
     if "paddle" in impls:
         paths["paddle"] = pdparams
     if "static" in impls:
-        from paddle_sam.convert.checkpoint import load_sam
+        from paddle_sam.build.sam_v1 import load_sam
         from paddle_sam.export.sam_v1 import export_sam
 
         export_sam(load_sam(pdparams, model_type), tmp / "exported", model_type=model_type)

@@ -37,13 +37,13 @@ def main() -> int:
     import torch
     from _sam3_ref import cpu_patches, fan_in_init_, metrics, numpy_state_dict, perturb_module_
 
+    from paddle_sam.convert.core import check_keys
     from paddle_sam.convert.sam3 import convert_tensors
-    from paddle_sam.convert.sam_v1 import check_keys
     from paddle_sam.models.sam3.necks import Sam3DualViTDetNeck
     from paddle_sam.models.sam3.position_encoding import PositionEmbeddingSine
     from paddle_sam.models.sam3.text_encoder import VETextEncoder
-    from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer
     from paddle_sam.models.sam3.vitdet import ViT
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer
 
     torch.set_num_threads(args.threads)
     paddle_sam.set_num_threads(args.threads)

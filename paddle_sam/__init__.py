@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 from ._runtime import apply_cpu_defaults, set_num_threads
+from ._version import __version__
 
 with warnings.catch_warnings():
     # paddle warns about a missing ccache on import; it only matters for C++ extensions
@@ -17,19 +18,20 @@ with warnings.catch_warnings():
     apply_cpu_defaults()
     import paddle  # noqa: F401
 
-from .models import SAM_SPECS, Sam, SamSpec, build_sam, sam_model_registry  # noqa: E402
-from .predict.automatic_mask_generator import SamAutomaticMaskGenerator  # noqa: E402
-from .predict.predictor import SamPredictor  # noqa: E402
-
-__version__ = "0.1.0"
+from .build.sam_v1 import build_sam, sam_model_registry  # noqa: E402
+from .models.sam_v1 import SAM_SPECS, Sam, SamSpec  # noqa: E402
+from .predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator  # noqa: E402
+from .predict.sam_v1.predictor import SamPredictor  # noqa: E402
 
 __all__ = [
     "SAM_SPECS",
     "Sam",
     "Sam3Processor",
+    "Sam3Spec",
     "SamAutomaticMaskGenerator",
     "SamPredictor",
     "SamSpec",
+    "__version__",
     "build_sam",
     "build_sam3_image_model",
     "sam_model_registry",
@@ -38,8 +40,9 @@ __all__ = [
 
 # SAM 3 is imported on first use, so that ``import paddle_sam`` stays as fast as for SAM v1.
 _LAZY = {
-    "build_sam3_image_model": ".models.sam3.build_sam3",
-    "Sam3Processor": ".predict.sam3_processor",
+    "build_sam3_image_model": ".build.sam3",
+    "Sam3Processor": ".predict.sam3.processor",
+    "Sam3Spec": ".models.sam3.build_sam3",
 }
 
 

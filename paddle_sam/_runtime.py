@@ -2,8 +2,8 @@
 
 Out of the box Paddle's dygraph matmuls run MKL on one thread (measured here: 120 GFLOP/s
 on two cores, 205-228 with two threads), and on AMD processors the MKL it bundles takes a
-slow code path unless ``MKL_DEBUG_CPU_TYPE=5`` is set before MKL loads (DESIGN.md section
-4; on Intel the same variable halves the speed, so it is set on AMD only).
+slow code path unless ``MKL_DEBUG_CPU_TYPE=5`` is set before MKL loads (docs/design.md section
+3; on Intel the same variable halves the speed, so it is set on AMD only).
 
 Paddle 3's strided views make every transpose that is later reshaped go through a generic
 strided-copy kernel, about 8x slower on CPU than its transpose kernel (measured here: a

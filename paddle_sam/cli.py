@@ -79,7 +79,7 @@ DEFAULT_MODEL = Path(__file__).parent / "assets" / "sam_tiny_synthetic.pdparams"
 
 def _load_model(args):
     """The model of --checkpoint, or the bundled default synthetic model (with a notice)."""
-    from .convert.checkpoint import load_sam
+    from .build.sam_v1 import load_sam
 
     if args.checkpoint is None:
         if args.model_type not in (None, "vit_tiny_synthetic"):
@@ -112,7 +112,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .convert.checkpoint import read_sidecar
+    from .convert.core import read_sidecar
 
     if _export_family(args) == "sam3":
         return _export_sam3(args)
@@ -157,7 +157,8 @@ def _export_family(args) -> str:
 
 def _export_sam3(args) -> int:
     """``export`` of a SAM 3 checkpoint: backbone, text encoder and prompt decoder."""
-    from .convert.checkpoint import load_sam3, read_sidecar
+    from .build.sam3 import load_sam3
+    from .convert.core import read_sidecar
     from .export.sam3 import export_sam3
     from .models.sam3.build_sam3 import Sam3Spec
 
@@ -188,11 +189,11 @@ def _export_sam3(args) -> int:
 
 def _exported_predictor(export_dir: str):
     """The runtime for an export folder: Paddle Inference, or onnxruntime for ONNX."""
-    from .deploy.static_predictor import StaticSamPredictor, peek_format
+    from .deploy.sam_v1 import StaticSamPredictor, peek_format
     from .export.onnx import ONNX_FORMAT
 
     if peek_format(export_dir) == ONNX_FORMAT:
-        from .deploy.onnx_predictor import OnnxSamPredictor
+        from .deploy.onnx import OnnxSamPredictor
 
         return OnnxSamPredictor(export_dir)
     return StaticSamPredictor(export_dir)  # with its own clear errors for anything else
@@ -204,7 +205,7 @@ def _segment_family(args) -> str:
     if args.model_type is not None:
         return "sam3" if args.model_type == "sam3" else "sam"
     if args.exported is not None:
-        from .deploy.static_predictor import peek_format
+        from .deploy.sam_v1 import peek_format
         from .export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
 
         if not Path(args.exported).is_dir():
@@ -221,7 +222,7 @@ def _segment_family(args) -> str:
 
 def cmd_segment(args) -> int:
     from .predict.io import load_image, overlay, save_mask_png
-    from .predict.predictor import SamPredictor
+    from .predict.sam_v1.predictor import SamPredictor
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
@@ -309,7 +310,7 @@ def cmd_segment(args) -> int:
 def _check_sam3_clicks(args) -> None:
     """--point with a SAM 3 checkpoint: SAM v1 style clicks through ``predict_inst``, which
     needs the tracker weights (``tracker.*`` of the released sam3.pt)."""
-    from .convert.checkpoint import read_sidecar
+    from .convert.core import read_sidecar
 
     if args.text is not None:
         raise ValueError(
@@ -339,8 +340,8 @@ class _Sam3Clicks:
     """SAM v1 ``predict`` on a SAM 3 model: ``Sam3Processor.set_image`` + ``predict_inst``."""
 
     def __init__(self, checkpoint: str, bpe: str | None) -> None:
-        from .convert.checkpoint import load_sam3
-        from .predict.sam3_processor import Sam3Processor
+        from .build.sam3 import load_sam3
+        from .predict.sam3.processor import Sam3Processor
 
         self.model = load_sam3(checkpoint, bpe_path=bpe, enable_inst_interactivity=True)
         size = self.model.backbone.vision_backbone.trunk.img_size
@@ -369,9 +370,9 @@ def _xyxy_to_cxcywh_norm(box: list[float], h: int, w: int) -> list[float]:
 def _segment_sam3(args) -> int:
     """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
     boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
-    from .convert.checkpoint import load_sam3
-    from .predict.io import load_image, overlay, save_mask_png
-    from .predict.sam3_processor import Sam3Processor
+    from .build.sam3 import load_sam3
+    from .predict.io import coco_rle, load_image, overlay, save_mask_png
+    from .predict.sam3.processor import Sam3Processor
 
     if args.exported is not None and args.checkpoint is not None:
         raise ValueError("give either --checkpoint or --exported, not both")
@@ -398,7 +399,7 @@ def _segment_sam3(args) -> int:
 
     t = time.perf_counter()
     if args.exported is not None:
-        from .deploy.static_sam3 import StaticSam3Processor
+        from .deploy.sam3 import StaticSam3Processor
 
         processor = StaticSam3Processor(
             args.exported, confidence_threshold=threshold, bpe_path=args.bpe
@@ -440,7 +441,7 @@ def _segment_sam3(args) -> int:
                 "score": float(score),
                 "bbox": [x0, y0, x1 - x0, y1 - y0],  # COCO: x, y, width, height
                 "area": int(mask.sum()),
-                "segmentation": _coco_rle(mask),
+                "segmentation": coco_rle(mask),
             }
         )
     prompt_boxes = np.asarray(args.box + args.negative_box, dtype=np.float64).reshape(-1, 4)
@@ -481,8 +482,8 @@ def _segment_sam3(args) -> int:
 
 
 def cmd_everything(args) -> int:
-    from .predict.automatic_mask_generator import SamAutomaticMaskGenerator
-    from .predict.io import load_image, overlay, save_mask_png
+    from .predict.io import coco_rle, load_image, overlay, save_mask_png
+    from .predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     image = load_image(args.image)
     out = Path(args.output)
@@ -508,7 +509,7 @@ def cmd_everything(args) -> int:
         save_mask_png(r["segmentation"], out / "masks" / f"{i:04d}.png")
         ann = {k: v for k, v in r.items() if k != "segmentation"}
         ann["id"] = i
-        ann["segmentation"] = _coco_rle(r["segmentation"])
+        ann["segmentation"] = coco_rle(r["segmentation"])
         annotations.append(ann)
     overlay(image, [r["segmentation"] for r in records]).save(out / "overlay.png")
     doc = {
@@ -520,13 +521,6 @@ def cmd_everything(args) -> int:
     (out / "annotations.json").write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
     print(f"{len(records)} masks -> {out}/masks/, overlay.png, annotations.json (COCO RLE)")
     return 0
-
-
-def _coco_rle(mask: np.ndarray) -> dict:
-    from pycocotools import mask as mask_utils
-
-    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
 def _jsonable(v):
@@ -542,7 +536,7 @@ def cmd_align(args) -> int:
 
     torch, segment_anything = import_reference()
     from .align.sam_v1 import align_sam
-    from .convert.checkpoint import load_sam
+    from .build.sam_v1 import load_sam
     from .predict.io import load_image
 
     ref = segment_anything.sam_model_registry[args.model_type](checkpoint=args.torch_checkpoint)
@@ -558,7 +552,7 @@ def cmd_random_checkpoint(args) -> int:
     from safetensors.numpy import save_file
 
     from .convert.sam_v1 import random_official_state_dict
-    from .models.build_sam import SAM_SPECS
+    from .models.sam_v1.build_sam import SAM_SPECS
 
     dst = Path(args.output)
     if dst.exists() and not args.overwrite:
@@ -572,7 +566,7 @@ def cmd_random_checkpoint(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models.build_sam import SAM_SPECS
+    from .models.sam_v1.build_sam import SAM_SPECS
     from .serve import cli as serve_cli
 
     types = sorted(SAM_SPECS)
@@ -754,8 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from . import set_num_threads
-    from .convert.torch_reader import CheckpointError
+    from ._runtime import set_num_threads
+    from .convert.core import CheckpointError
 
     try:
         if args.threads is not None:

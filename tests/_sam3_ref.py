@@ -2,7 +2,7 @@
 
 Importing this module imports neither torch nor sam3; every helper imports them when called.
 
-sam3 0.1.4 assumes CUDA in three places (DESIGN.md section 2). :func:`cpu_patches` patches
+sam3 0.1.4 assumes CUDA in three places (docs/design.md section 1). :func:`cpu_patches` patches
 them for the duration of a ``with`` block, without touching site-packages:
 
 * ``PositionEmbeddingSine(precompute_resolution=...)`` fills its cache from tensors made on
@@ -186,13 +186,13 @@ def tiny_sam3_spec():
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 
     return Sam3Spec(
-        img_size=112,
-        pretrain_img_size=56,
-        vit_embed_dim=32,
-        vit_depth=2,
-        vit_num_heads=2,
+        image_size=112,
+        pretrain_image_size=56,
+        encoder_embed_dim=32,
+        encoder_depth=2,
+        encoder_num_heads=2,
         window_size=4,
-        global_att_blocks=(1,),
+        encoder_global_attn_indexes=(1,),
         text_width=32,
         text_heads=2,
         text_layers=2,

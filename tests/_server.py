@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 from PIL import Image
 
-from paddle_sam.models.build_sam import build_sam
+from paddle_sam.build.sam_v1 import build_sam
 
 
 def tiny_model(seed: int = 0):
@@ -64,8 +64,8 @@ def tiny_sam3_model(seed: int = 0, interactive: bool = False):
 
     from _sam3_ref import tiny_sam3_spec
 
-    from paddle_sam.models.sam3.build_sam3 import build_sam3_image_model
-    from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
 
     spec = tiny_sam3_spec()
     paddle.seed(seed)
@@ -78,7 +78,7 @@ def tiny_sam3_model(seed: int = 0, interactive: bool = False):
 
 def sam3_reference(model, image, text=None, box_cxcywh=None, threshold=0.0):
     """``Sam3Processor`` directly: (masks K x H x W, scores K), best first."""
-    from paddle_sam.predict.sam3_processor import Sam3Processor
+    from paddle_sam.predict.sam3.processor import Sam3Processor
 
     proc = Sam3Processor(model, resolution=112, confidence_threshold=threshold)
     state = proc.set_image(image)

@@ -12,7 +12,7 @@ import paddle
 import pytest
 from _pairs import TINY, make_pair
 
-from paddle_sam.predict import amg_utils as au
+from paddle_sam.predict.sam_v1 import amg_utils as au
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
 pytestmark = pytest.mark.filterwarnings(
@@ -355,8 +355,8 @@ def test_batched_nms_semantics():
 
 def _have_paddle_sam_stack() -> bool:
     try:
-        from paddle_sam.models import build_sam  # noqa: F401
-        from paddle_sam.predict.predictor import SamPredictor  # noqa: F401
+        from paddle_sam.build.sam_v1 import build_sam  # noqa: F401
+        from paddle_sam.predict.sam_v1.predictor import SamPredictor  # noqa: F401
     except ImportError:
         return False
     return True
@@ -372,7 +372,7 @@ def sam_pair():
     pytest.importorskip("torchvision")
     pytest.importorskip("segment_anything")
     if not _have_paddle_sam_stack():
-        pytest.skip("paddle_sam.models / paddle_sam.predict.predictor not available yet")
+        pytest.skip("paddle_sam.models / paddle_sam.predict.sam_v1.predictor not available yet")
     import torch
 
     # Torch's intra-op threads and Paddle's spinning OpenMP workers oversubscribe small CPU
@@ -448,7 +448,7 @@ def test_generate_matches_upstream(sam_pair, test_image, cv2_module, crop_n_laye
     """The real tiny models end to end: image encoder, prompt encoder, decoder, generator."""
     from segment_anything import SamAutomaticMaskGenerator as RefGenerator
 
-    from paddle_sam.predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     torch_sam, paddle_sam_model = sam_pair
     # Random-weight masks are noisy and cover the whole image (every box is the full image),
@@ -512,8 +512,8 @@ def test_generate_logic_matches_upstream_exactly(
     from segment_anything import SamAutomaticMaskGenerator as RefGenerator
     from segment_anything.predictor import SamPredictor as RefPredictor
 
-    from paddle_sam.predict.automatic_mask_generator import SamAutomaticMaskGenerator
-    from paddle_sam.predict.predictor import SamPredictor
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+    from paddle_sam.predict.sam_v1.predictor import SamPredictor
 
     def ref_predict(
         self,
@@ -576,7 +576,7 @@ def test_generate_logic_matches_upstream_exactly(
 def test_generate_progress_and_default_thresholds(sam_pair, test_image, capsys):
     from segment_anything import SamAutomaticMaskGenerator as RefGenerator
 
-    from paddle_sam.predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     torch_sam, paddle_sam_model = sam_pair
     kwargs = dict(points_per_side=4, points_per_batch=5, stability_score_offset=0.05)
@@ -602,7 +602,7 @@ def test_generator_signature_matches_upstream():
 
     from segment_anything import SamAutomaticMaskGenerator as RefGenerator
 
-    from paddle_sam.predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     ref = inspect.signature(RefGenerator.__init__).parameters
     ours = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
@@ -613,7 +613,7 @@ def test_generator_signature_matches_upstream():
 
 
 def test_generator_argument_errors(sam_pair):
-    from paddle_sam.predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     _, model = sam_pair
     with pytest.raises(ValueError, match="output_mode"):

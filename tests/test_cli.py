@@ -15,7 +15,8 @@ from _pairs import TINY
 from PIL import Image
 
 from paddle_sam import cli
-from paddle_sam.convert.checkpoint import convert_checkpoint, read_sidecar, sidecar_path
+from paddle_sam.convert.checkpoint import convert_checkpoint
+from paddle_sam.convert.core import read_sidecar, sidecar_path
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.predict import io as sam_io
 
@@ -129,7 +130,7 @@ def test_convert_command_custom_size_needs_spec(official, work, capsys):
 
 
 def test_convert_command_writes_pdparams_and_sidecar(official, work, capsys, monkeypatch):
-    from paddle_sam.models.build_sam import SAM_SPECS
+    from paddle_sam.models.sam_v1.build_sam import SAM_SPECS
 
     monkeypatch.setitem(SAM_SPECS, "vit_b", TINY)  # the tiny file then "is" a vit_b
     dst = work / "cli_vit_b.pdparams"
@@ -303,7 +304,7 @@ def test_random_checkpoint_argument_errors(work, capsys, tmp_path):
 
 def test_random_checkpoint_command_output_converts(work, capsys, monkeypatch):
     """The command's file (vit_b swapped for the tiny size) is accepted by convert."""
-    from paddle_sam.models.build_sam import SAM_SPECS
+    from paddle_sam.models.sam_v1.build_sam import SAM_SPECS
 
     monkeypatch.setitem(SAM_SPECS, "vit_b", TINY)
     src, dst = work / "random.safetensors", work / "random.pdparams"

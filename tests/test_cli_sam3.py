@@ -15,10 +15,11 @@ from _sam3_ref import tiny_sam3_spec
 from PIL import Image
 from test_cli import _check_mask, _test_image, assert_user_error, run
 
+from paddle_sam.build.sam3 import load_sam3
 from paddle_sam.convert import sam3 as conv
-from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, load_sam3
+from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family
 from paddle_sam.convert.sam_v1 import random_official_state_dict
-from paddle_sam.predict.sam3_processor import Sam3Processor
+from paddle_sam.predict.sam3.processor import Sam3Processor
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
@@ -88,7 +89,7 @@ def processor(ckpt) -> Sam3Processor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_sam3(ckpt)
-    return Sam3Processor(model, resolution=TINY.img_size)
+    return Sam3Processor(model, resolution=TINY.image_size)
 
 
 def expected_state(processor, text, boxes, negative, threshold) -> dict:
@@ -137,8 +138,8 @@ def check_outputs(out: Path, state: dict, text, boxes) -> dict:
 def test_detect_family(official, ckpt, sam1_ckpt, work):
     assert detect_family(official) == "sam3"  # pickle key names, not unpickled
     assert detect_family(ckpt) == "sam3"  # sidecar
-    assert detect_family(sam1_ckpt) == "sam"
-    assert detect_family(work / "sam1_tiny.safetensors") == "sam"  # safetensors header
+    assert detect_family(sam1_ckpt) == "sam_v1"
+    assert detect_family(work / "sam1_tiny.safetensors") == "sam_v1"  # safetensors header
 
 
 def test_segment_text_all_queries(ckpt, image_png, work, processor, capsys):
@@ -234,7 +235,7 @@ def test_segment_sam3_clicks(interactive_ckpt, image_png, tmp_path, prompts, mul
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = load_sam3(interactive_ckpt, enable_inst_interactivity=True)
-    state = Sam3Processor(model, resolution=TINY.img_size).set_image(_test_image())
+    state = Sam3Processor(model, resolution=TINY.image_size).set_image(_test_image())
     points = [p for p in prompts[1::2] if p.count(",") in (1, 2)]
     coords = np.array([[float(v) for v in p.split(",")[:2]] for p in points])
     labels = np.array([int(p.split(",")[2]) if p.count(",") == 2 else 1 for p in points])

@@ -20,21 +20,24 @@ import pytest
 from _pairs import TINY
 from conftest import find_reference_dir
 
-from paddle_sam.convert import checkpoint as ckpt
-from paddle_sam.convert.checkpoint import convert_checkpoint, load_sam, read_sidecar, sidecar_path
-from paddle_sam.convert.sam_v1 import (
+from paddle_sam.build.sam_v1 import build_sam, load_sam, sam_model_registry
+from paddle_sam.convert.checkpoint import convert_checkpoint
+from paddle_sam.convert.core import (
+    CONVERTER_VERSION,
+    CheckpointFormatError,
     CheckpointMismatchError,
+    UnknownCheckpointFormatError,
+    UnsafeCheckpointError,
+    read_sidecar,
+    sidecar_path,
+)
+from paddle_sam.convert.sam_v1 import (
     convert_state_dict,
     detect_model_type,
     expected_layout,
     random_official_state_dict,
 )
-from paddle_sam.convert.torch_reader import (
-    CheckpointFormatError,
-    UnknownCheckpointFormatError,
-    UnsafeCheckpointError,
-)
-from paddle_sam.models.build_sam import SAM_SPECS, SamSpec, build_sam, sam_model_registry
+from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec
 
 REFERENCE = find_reference_dir()
 
@@ -272,7 +275,7 @@ def test_sidecar_contents(official_pth, converted):
     assert meta["source"]["file"] == official_pth.name
     assert meta["source"]["sha256"] == hashlib.sha256(official_pth.read_bytes()).hexdigest()
     assert meta["source"]["layout"] == "official"
-    assert meta["converter_version"] == ckpt.CONVERTER_VERSION
+    assert meta["converter_version"] == CONVERTER_VERSION
     assert meta["paddle_version"] == paddle.__version__
     # the sidecar is what lets load_sam rebuild a custom size without being told
     model = load_sam(converted)

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from paddle_sam.cli import DEFAULT_MODEL, main
-from paddle_sam.models.build_sam import SAM_SPECS, SamSpec
+from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from paddle_sam.train.example import DEMO_POINT, EXAMPLE, INSTANCES, mask_iou_at
 
 pytestmark = pytest.mark.skipif(not DEFAULT_MODEL.is_file(), reason="default model not built")

@@ -288,7 +288,7 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
 
 def test_text_box_for_a_model_that_takes_text(browser_page, tmp_path):
     """The page shows the text box only when /health says the model takes text, and sends it."""
-    from paddle_sam.predict.predictor import SamPredictor
+    from paddle_sam.predict.sam_v1.predictor import SamPredictor
 
     page, errors = browser_page
     seen = []
@@ -324,7 +324,7 @@ def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
     is refused on the page (no points), a dragged box joins the text as an exemplar."""
     from _server import sam3_threshold, tiny_sam3_model
 
-    from paddle_sam.serve.sam3 import Sam3ServePredictor
+    from paddle_sam.predict.sam3.predictor import Sam3Predictor
 
     page, errors = browser_page
     img = make_image(300, 400, seed=9)
@@ -340,7 +340,7 @@ def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
         masks = [decode_mask_png(base64.b64decode(m["png"])) for m in r.json()["masks"]]
         return np.logical_or.reduce(masks), [m["score"] for m in r.json()["masks"]], masks[0]
 
-    app = create_app(Sam3ServePredictor(model, confidence_threshold=thr))
+    app = create_app(Sam3Predictor(model, confidence_threshold=thr))
     with ThreadedServer(app) as server:
         page.goto(server.url + "/")
         page.wait_for_function(

@@ -15,7 +15,7 @@ from _pairs import TINY, image
 
 from paddle_sam import SamPredictor, build_sam
 from paddle_sam.deploy import StaticSamPredictor
-from paddle_sam.deploy.static_predictor import ExportFormatError
+from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam_v1 import (
     DecoderImageTerms,
     FewTokenDecoder,
@@ -320,7 +320,7 @@ def test_cli_export_and_segment_exported(exported, tmp_path, capsys):
     from PIL import Image
 
     from paddle_sam import cli
-    from paddle_sam.convert.checkpoint import save_pdparams
+    from paddle_sam.convert.core import save_pdparams
 
     model, _, _ = exported
     ckpt = tmp_path / "tiny.pdparams"

@@ -23,12 +23,12 @@ from _sam3_ref import attention_path, run_prompts, tiny_sam3_spec
 from PIL import Image
 
 from paddle_sam.align.sam_v1 import compare
-from paddle_sam.convert.checkpoint import load_sam3, save_pdparams
-from paddle_sam.deploy.static_predictor import ExportFormatError
-from paddle_sam.deploy.static_sam3 import StaticSam3Processor
+from paddle_sam.build.sam3 import build_sam3_image_model, load_sam3
+from paddle_sam.convert.core import save_pdparams
+from paddle_sam.deploy.sam3 import StaticSam3Processor
+from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam3 import FUSED_KERNEL, PromptDecoder, attention_kernel, export_sam3
-from paddle_sam.models.sam3.build_sam3 import build_sam3_image_model
-from paddle_sam.predict.sam3_processor import Sam3Processor
+from paddle_sam.predict.sam3.processor import Sam3Processor
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
@@ -101,7 +101,7 @@ def exported(model, tmp_path_factory):
 def pair(model, exported):
     d, _ = exported
     static = StaticSam3Processor(d, confidence_threshold=0.0)
-    dynamic = Sam3Processor(model, resolution=TINY.img_size, confidence_threshold=0.0)
+    dynamic = Sam3Processor(model, resolution=TINY.image_size, confidence_threshold=0.0)
     return static, dynamic
 
 
@@ -123,10 +123,10 @@ def test_files_and_manifest(exported):
     assert json.loads((d / "export.json").read_text()) == manifest
     assert manifest["format"] == "paddle-sam/sam3-static" and manifest["format_version"] == 1
     assert set(manifest["programs"]) == {"backbone", "text_encoder", "prompt_decoder"}
-    assert manifest["image_size"] == TINY.img_size
+    assert manifest["image_size"] == TINY.image_size
     assert manifest["context_length"] == TINY.context_length
     assert manifest["spec"] == dataclasses.asdict(TINY) | {
-        "global_att_blocks": list(TINY.global_att_blocks),
+        "encoder_global_attn_indexes": list(TINY.encoder_global_attn_indexes),
         "scale_factors": list(TINY.scale_factors),
     }
     assert manifest["source_sha256"] == "1" * 64
@@ -156,7 +156,7 @@ def test_fused_attention_export(model, pair, tmp_path, monkeypatch):
             assert_same_results(s, r, f"fused kernel, {case}")
     with pytest.raises(ValueError, match="fused CPU attention.*device='gpu'.*--no-fused"):
         StaticSam3Processor(d, device="gpu")
-    from paddle_sam.deploy import static_sam3
+    from paddle_sam.deploy import sam3 as static_sam3
 
     monkeypatch.setattr(static_sam3, "fused_attention_available", lambda: False)
     with pytest.raises(ValueError, match="fused CPU attention.*lacks AVX-512F"):
@@ -235,7 +235,7 @@ def test_padding_box_is_no_box(model, pair):
 def test_caches_threshold_and_reset(pair, monkeypatch):
     """Backbone features stay in the state; a new text reruns text encoder + decoder only,
     a text seen before reruns the decoder only; threshold and reset as the dynamic one."""
-    from paddle_sam.deploy import static_sam3
+    from paddle_sam.deploy import sam3 as static_sam3
 
     static, dynamic = pair
     calls = []
@@ -301,7 +301,7 @@ def test_reload_in_fresh_process(model, exported, tmp_path):
     np.save(tmp_path / "img.npy", img)
     code = (
         "import sys, numpy as np\n"
-        "from paddle_sam.deploy.static_sam3 import StaticSam3Processor\n"
+        "from paddle_sam.deploy.sam3 import StaticSam3Processor\n"
         f"p = StaticSam3Processor({str(d)!r}, confidence_threshold=0.0)\n"
         f"s = p.set_image(np.load({str(tmp_path / 'img.npy')!r}))\n"
         "s = p.set_text_prompt('a red car', s)\n"
@@ -312,7 +312,7 @@ def test_reload_in_fresh_process(model, exported, tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     out = np.load(tmp_path / "out.npz")
-    dynamic = Sam3Processor(model, resolution=TINY.img_size, confidence_threshold=0.0)
+    dynamic = Sam3Processor(model, resolution=TINY.image_size, confidence_threshold=0.0)
     want = run_prompts(dynamic, img, CASES["text+box"])
     got = {k: paddle.to_tensor(out[k]) for k in out.files}
     assert_same_results(got, want, "fresh process")

@@ -87,7 +87,7 @@ def measured(tmp_path_factory, reference_dir):
     from sam3.model.sam3_image_processor import Sam3Processor as RefProcessor
 
     from paddle_sam import Sam3Processor, build_sam3_image_model
-    from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
 
     tmp = tmp_path_factory.mktemp("sam3_full")
     img = image(*HW, seed=3)

@@ -13,7 +13,7 @@ from _pairs import TINY, image
 
 from paddle_sam import SamPredictor, build_sam
 from paddle_sam.deploy import OnnxSamPredictor
-from paddle_sam.deploy.static_predictor import ExportFormatError
+from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.onnx import export_onnx
 
 H, W = 150, 230
@@ -130,7 +130,7 @@ def test_cli_export_onnx_and_segment(exported, tmp_path):
     from PIL import Image
 
     from paddle_sam import cli
-    from paddle_sam.convert.checkpoint import save_pdparams
+    from paddle_sam.convert.core import save_pdparams
 
     model, _, _ = exported
     ckpt = tmp_path / "tiny.pdparams"

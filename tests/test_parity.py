@@ -12,7 +12,7 @@ pytest.importorskip("segment_anything")
 from _pairs import TINY, TINY_B, image, make_pair  # noqa: E402
 
 from paddle_sam.align.sam_v1 import COS_THRESHOLD, align_sam, compare  # noqa: E402
-from paddle_sam.predict.predictor import SamPredictor  # noqa: E402
+from paddle_sam.predict.sam_v1.predictor import SamPredictor  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["TINY", "TINY_B"])
@@ -184,7 +184,7 @@ def test_get_rel_pos_matches_upstream(q, k, length):
     """Including the resampling branch used when a table was trained at another size."""
     from segment_anything.modeling.image_encoder import get_rel_pos as ref_get_rel_pos
 
-    from paddle_sam.models.image_encoder import get_rel_pos
+    from paddle_sam.models.sam_v1.image_encoder import get_rel_pos
 
     table = np.random.default_rng(q * k + length).normal(size=(length, 6)).astype(np.float32)
     expected = ref_get_rel_pos(q, k, torch.as_tensor(table)).numpy()

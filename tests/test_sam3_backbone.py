@@ -30,14 +30,15 @@ from paddle_sam.convert.sam_v1 import check_keys  # noqa: E402
 from paddle_sam.models.sam3.necks import Sam3DualViTDetNeck  # noqa: E402
 from paddle_sam.models.sam3.position_encoding import PositionEmbeddingSine  # noqa: E402
 from paddle_sam.models.sam3.text_encoder import VETextEncoder  # noqa: E402
-from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer  # noqa: E402
-from paddle_sam.models.sam3.vitdet import (  # noqa: E402
+from paddle_sam.models.sam3.vitdet import (
+    # noqa: E402
     ViT,
     apply_rope,
     axial_rope_angles,
     rope_tables,
 )
 from paddle_sam.models.sam3.vl_combiner import SAM3VLBackbone  # noqa: E402
+from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer  # noqa: E402
 
 # window 4 tiles the 8x8 grid; window 3 pads it to 9x9; pretraining grid 4x4 (+cls) is tiled
 VIT_TINY = dict(

@@ -13,21 +13,28 @@ import paddle
 import pytest
 
 from paddle_sam import cli
+from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.build.sam_v1 import load_sam
 from paddle_sam.convert import sam3 as conv
-from paddle_sam.convert.checkpoint import convert_checkpoint, load_sam, read_sidecar
-from paddle_sam.convert.sam_v1 import CheckpointMismatchError
-from paddle_sam.convert.torch_reader import CheckpointFormatError, load_state_dict
-from paddle_sam.models.sam3.build_sam3 import Sam3Spec, build_sam3_image_model
+from paddle_sam.convert.checkpoint import convert_checkpoint, read_sam3_weights
+from paddle_sam.convert.core import (
+    CheckpointFormatError,
+    CheckpointMismatchError,
+    model_shapes,
+    read_sidecar,
+)
+from paddle_sam.convert.torch_reader import load_state_dict
+from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 
 # every size small; the vocabulary stays CLIP's (the tokenizer needs it)
 TINY = Sam3Spec(
-    img_size=112,
-    pretrain_img_size=56,
-    vit_embed_dim=32,
-    vit_depth=2,
-    vit_num_heads=2,
+    image_size=112,
+    pretrain_image_size=56,
+    encoder_embed_dim=32,
+    encoder_depth=2,
+    encoder_num_heads=2,
     window_size=4,
-    global_att_blocks=(1,),
+    encoder_global_attn_indexes=(1,),
     text_width=32,
     text_heads=2,
     text_layers=1,
@@ -165,7 +172,7 @@ def test_torch_file_round_trip(tmp_path):
 
     model = build_sam3_image_model(spec=TINY, checkpoint_path=path)
     ours = {k: v.numpy() for k, v in model.state_dict().items()}
-    selected = conv.select_for_model(state, conv.model_shapes(model))
+    selected = conv.select_for_model(state, model_shapes(model))
     assert set(ours) == set(selected)
     for k, v in selected.items():
         np.testing.assert_array_equal(ours[k], v, err_msg=k)
@@ -192,7 +199,7 @@ def test_convert_checkpoint_and_cli(tmp_path, capsys):
     dst = tmp_path / "tiny.pdparams"
     meta = convert_checkpoint(path, dst, spec=TINY, progress=False)  # type detected
     assert meta["model_type"] == "sam3" and meta["format"] == "paddle-sam/sam3"
-    assert read_sidecar(dst)["spec"]["vit_embed_dim"] == 32 and meta["interactive"] is False
+    assert read_sidecar(dst)["spec"]["encoder_embed_dim"] == 32 and meta["interactive"] is False
     direct = build_sam3_image_model(spec=TINY, checkpoint_path=path)
     converted = build_sam3_image_model(spec=TINY, checkpoint_path=dst)
     d, c = direct.state_dict(), converted.state_dict()
@@ -215,9 +222,9 @@ def test_convert_checkpoint_and_cli(tmp_path, capsys):
 def test_cli_converts_released_size_layout(tmp_path, capsys, monkeypatch):
     """``paddle-sam convert`` with and without ``--model-type sam3`` on a file in the released
     layout; the "released" sizes are made tiny here so the test stays small."""
-    from paddle_sam.models.sam3 import build_sam3
+    from paddle_sam.convert import checkpoint
 
-    monkeypatch.setattr(build_sam3, "SAM3_SPEC", TINY)
+    monkeypatch.setattr(checkpoint, "SAM3_SPEC", TINY)
     path = _tiny_official(tmp_path, seed=4)
     for i, extra in enumerate(([], ["--model-type", "sam3"])):
         out = tmp_path / f"cli{i}.pdparams"
@@ -225,13 +232,13 @@ def test_cli_converts_released_size_layout(tmp_path, capsys, monkeypatch):
             capsys.readouterr()
         )
         side = json.loads((tmp_path / f"cli{i}.pdparams.json").read_text())
-        assert side["model_type"] == "sam3" and side["spec"]["vit_depth"] == 2
+        assert side["model_type"] == "sam3" and side["spec"]["encoder_depth"] == 2
         assert "sam3" in capsys.readouterr().out
 
 
 def _expected(spec):
     with paddle.LazyGuard(), pytest.warns(UserWarning):
-        return conv.model_shapes(build_sam3_image_model(spec=spec))
+        return model_shapes(build_sam3_image_model(spec=spec))
 
 
 def test_refusals_name_the_key(tmp_path):
@@ -286,15 +293,15 @@ def test_malformed_and_mismatched_files(tmp_path):
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(CheckpointFormatError, match="truncated.pt"):
-        conv.read_sam3_weights(truncated)
+        read_sam3_weights(truncated)
     with pytest.raises(CheckpointFormatError, match="not a valid .pdparams"):
         bad = tmp_path / "bad.pdparams"
         bad.write_bytes(b"nonsense")
-        conv.read_sam3_weights(bad)
+        read_sam3_weights(bad)
     v1 = tmp_path / "sam_v1.pth"
     torch.save({"image_encoder.pos_embed": torch.zeros(1, 4, 4, 8)}, v1)
     with pytest.raises(CheckpointMismatchError, match="not a SAM 3 checkpoint"):
-        conv.read_sam3_weights(v1)
+        read_sam3_weights(v1)
     with pytest.raises(CheckpointMismatchError, match="not a SAM 3 checkpoint layout"):
         convert_checkpoint(v1, tmp_path / "o.pdparams", "sam3", progress=False)
     with pytest.raises(CheckpointMismatchError, match="vit_b does not match .* sam3"):

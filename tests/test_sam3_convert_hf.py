@@ -16,12 +16,11 @@ import pytest
 from test_sam3_convert import TINY
 
 from paddle_sam import cli
+from paddle_sam.build.sam3 import build_sam3_image_model
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert import sam3_hf
-from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, read_sidecar
-from paddle_sam.convert.sam_v1 import CheckpointMismatchError
-from paddle_sam.convert.torch_reader import CheckpointFormatError
-from paddle_sam.models.sam3.build_sam3 import build_sam3_image_model
+from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, read_sam3_weights
+from paddle_sam.convert.core import CheckpointFormatError, CheckpointMismatchError, read_sidecar
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,17 +39,17 @@ def hf_config(spec=TINY):
     from transformers.models.sam3.configuration_sam3 import Sam3VisionConfig, Sam3ViTConfig
 
     vit = Sam3ViTConfig(
-        hidden_size=spec.vit_embed_dim,
-        intermediate_size=int(spec.vit_embed_dim * spec.vit_mlp_ratio),
-        num_hidden_layers=spec.vit_depth,
-        num_attention_heads=spec.vit_num_heads,
-        image_size=spec.img_size,
-        patch_size=spec.patch_size,
+        hidden_size=spec.encoder_embed_dim,
+        intermediate_size=int(spec.encoder_embed_dim * spec.mlp_ratio),
+        num_hidden_layers=spec.encoder_depth,
+        num_attention_heads=spec.encoder_num_heads,
+        image_size=spec.image_size,
+        patch_size=spec.vit_patch_size,
         window_size=spec.window_size,
-        global_attn_indexes=list(spec.global_att_blocks),
-        pretrain_image_size=spec.pretrain_img_size,
+        global_attn_indexes=list(spec.encoder_global_attn_indexes),
+        pretrain_image_size=spec.pretrain_image_size,
     )
-    side = spec.img_size // spec.patch_size
+    side = spec.image_size // spec.vit_patch_size
     vision = Sam3VisionConfig(
         backbone_config=vit,
         fpn_hidden_size=spec.d_model,
@@ -161,9 +160,9 @@ def test_cli_converts_hf_file_folder_and_index(hf_state, tmp_path, capsys, monke
     """``paddle-sam convert model.safetensors`` (auto-detected and --model-type sam3), the
     hub's ``detector_model.*`` layout with tracker keys, a folder and a sharded index; the
     model loads each strictly, and build_sam3_image_model reads the HF file directly."""
-    from paddle_sam.models.sam3 import build_sam3
+    from paddle_sam.convert import checkpoint
 
-    monkeypatch.setattr(build_sam3, "SAM3_SPEC", TINY)
+    monkeypatch.setattr(checkpoint, "SAM3_SPEC", TINY)
     src = save_hf(hf_state, tmp_path / "model.safetensors")
     assert detect_family(src) == "sam3"
     outs = []
@@ -220,7 +219,7 @@ def test_cli_converts_hf_file_folder_and_index(hf_state, tmp_path, capsys, monke
         got = build_sam3_image_model(spec=TINY, checkpoint_path=out).state_dict()
         for k, v in want.items():
             np.testing.assert_array_equal(got[k].numpy(), v, err_msg=k)
-    converted = conv.read_sam3_weights(hub_dir)
+    converted = read_sam3_weights(hub_dir)
     np.testing.assert_array_equal(
         converted["backbone.vision_backbone.sam2_convs.2.conv_3x3.weight"],
         hf_state["vision_encoder.neck.fpn_layers.2.proj2.weight"],
@@ -342,7 +341,7 @@ def test_hf_conversion_script_round_trip(tmp_path):
     assert all(k.endswith(hf_lacks[0]) or k.startswith(hf_lacks[1:]) for k in unexpected)
     model.save_pretrained(tmp_path / "hf")
 
-    ours = conv.read_sam3_weights(tmp_path / "hf")
+    ours = read_sam3_weights(tmp_path / "hf")
     want = conv.convert_state_dict(released)
     assert set(ours) == {k for k in want if not k.startswith(hf_lacks[2])}
     for k, v in want.items():
@@ -392,7 +391,7 @@ def test_outputs_match_transformers_model(boxes, tmp_path):
     ours.eval()
 
     rng = np.random.default_rng(0)
-    pixels = rng.uniform(-1, 1, (1, 3, TINY.img_size, TINY.img_size)).astype(np.float32)
+    pixels = rng.uniform(-1, 1, (1, 3, TINY.image_size, TINY.image_size)).astype(np.float32)
     text = "a red car"
     lang = ours.backbone.language_backbone
     ids = np.asarray(lang.tokenizer([text], context_length=lang.context_length), np.int64)

@@ -496,10 +496,7 @@ def interactive_pair():
     from sam3 import model_builder as mb
     from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor as RefPredictor
 
-    from paddle_sam.models.sam3.interactive import (
-        SAM3InteractiveImagePredictor,
-        Sam3TrackerHeads,
-    )
+    from paddle_sam.models.sam3.interactive import SAM3InteractiveImagePredictor, Sam3TrackerHeads
 
     with cpu_patches():
         torch.manual_seed(0)

@@ -24,10 +24,11 @@ from _sam3_ref import (
 )
 from test_sam3_heads import load_from_torch
 
-from paddle_sam.models.sam3.build_sam3 import Sam3Spec, build_sam3_image_model
+from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 from paddle_sam.models.sam3.geometry_encoders import Prompt
 from paddle_sam.models.sam3.sam3_image import FindStage
-from paddle_sam.predict.sam3_processor import Sam3Processor, resize_uint8_antialias
+from paddle_sam.predict.sam3.processor import Sam3Processor, resize_uint8_antialias
 
 torch, _ = import_sam3()
 
@@ -61,19 +62,19 @@ def build_reference(spec: Sam3Spec, bpe_path: str):
         )
 
     trunk = ViT(
-        img_size=spec.img_size,
-        pretrain_img_size=spec.pretrain_img_size,
-        patch_size=spec.patch_size,
-        embed_dim=spec.vit_embed_dim,
-        depth=spec.vit_depth,
-        num_heads=spec.vit_num_heads,
-        mlp_ratio=spec.vit_mlp_ratio,
+        img_size=spec.image_size,
+        pretrain_img_size=spec.pretrain_image_size,
+        patch_size=spec.vit_patch_size,
+        embed_dim=spec.encoder_embed_dim,
+        depth=spec.encoder_depth,
+        num_heads=spec.encoder_num_heads,
+        mlp_ratio=spec.mlp_ratio,
         norm_layer="LayerNorm",
         drop_path_rate=0.1,
         qkv_bias=True,
         use_abs_pos=True,
         tile_abs_pos=True,
-        global_att_blocks=spec.global_att_blocks,
+        global_att_blocks=spec.encoder_global_attn_indexes,
         rel_pos_blocks=(),
         use_rope=True,
         use_interp_rope=True,
@@ -86,7 +87,7 @@ def build_reference(spec: Sam3Spec, bpe_path: str):
         bias_patch_embed=False,
     )
     neck = Sam3DualViTDetNeck(
-        position_encoding=pe(spec.img_size),
+        position_encoding=pe(spec.image_size),
         d_model=d,
         scale_factors=list(spec.scale_factors),
         trunk=trunk,
@@ -146,8 +147,8 @@ def build_reference(spec: Sam3Spec, bpe_path: str):
         frozen=False,
         interaction_layer=None,
         dac_use_selfatt_ln=True,
-        resolution=spec.img_size,
-        stride=spec.patch_size,
+        resolution=spec.image_size,
+        stride=spec.vit_patch_size,
         use_act_checkpoint=True,
         presence_token=True,
     )
@@ -324,8 +325,8 @@ def processors(pair):
 
     ref, ours = pair
     return (
-        RefProcessor(ref, resolution=TINY.img_size, device="cpu"),
-        Sam3Processor(ours, resolution=TINY.img_size),
+        RefProcessor(ref, resolution=TINY.image_size, device="cpu"),
+        Sam3Processor(ours, resolution=TINY.image_size),
     )
 
 
@@ -403,8 +404,8 @@ def test_build_from_official_checkpoint_file(pair, bpe_path, tmp_path):
     img = Image.fromarray(image(64, 80, seed=9))
     steps = CASES["text+box"]
     with cpu_patches(), torch.inference_mode():
-        r = run_prompts(RefProcessor(ref, resolution=TINY.img_size, device="cpu"), img, steps, 0)
-    o = run_prompts(paddle_sam.Sam3Processor(ours, resolution=TINY.img_size), img, steps, 0)
+        r = run_prompts(RefProcessor(ref, resolution=TINY.image_size, device="cpu"), img, steps, 0)
+    o = run_prompts(paddle_sam.Sam3Processor(ours, resolution=TINY.image_size), img, steps, 0)
     assert_close(r["scores"], o["scores"], max_abs=1e-5, name="scores from checkpoint")
     assert_close(r["masks_logits"], o["masks_logits"], max_abs=1e-4, name="masks from checkpoint")
 
@@ -430,7 +431,7 @@ def test_predict_inst_wiring(bpe_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_sam3_image_model(bpe_path=bpe_path, spec=TINY, enable_inst_interactivity=True)
-    processor = Sam3Processor(model, resolution=TINY.img_size)
+    processor = Sam3Processor(model, resolution=TINY.image_size)
     state = processor.set_image(image(60, 90, seed=4))
     sam2 = state["backbone_out"]["sam2_backbone_out"]
     assert sam2["backbone_fpn"][0].shape[1] == TINY.d_model // 8  # conv_s0 applied
@@ -438,7 +439,7 @@ def test_predict_inst_wiring(bpe_path):
         state, point_coords=np.array([[30.0, 20.0]]), point_labels=np.array([1])
     )
     assert masks.shape == (3, 60, 90) and ious.shape == (3,)
-    assert low_res.shape == (3, 4 * TINY.img_size // 14, 4 * TINY.img_size // 14)
+    assert low_res.shape == (3, 4 * TINY.image_size // 14, 4 * TINY.image_size // 14)
     again = model.predict_inst(state, point_coords=np.array([[30.0, 20.0]]), point_labels=[1])
     np.testing.assert_array_equal(low_res, again[2])
     with pytest.raises(ValueError, match="enable_inst_interactivity"):

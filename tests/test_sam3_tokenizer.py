@@ -7,7 +7,7 @@ import gzip
 import numpy as np
 import pytest
 
-from paddle_sam.models.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer
+from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer
 
 TRICKY = [
     "",

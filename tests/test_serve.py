@@ -21,7 +21,7 @@ from _pairs import image as make_image
 from _server import ThreadedServer, assert_error, decode_mask_png, png_bytes, tiny_model
 from fastapi.testclient import TestClient
 
-from paddle_sam.predict.predictor import SamPredictor
+from paddle_sam.predict.sam_v1.predictor import SamPredictor
 from paddle_sam.serve import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,7 +352,7 @@ def _wait_job(client, sid: str, job_id: str) -> dict:
 
 
 def test_everything_job_matches_generator(client, model, images):
-    from paddle_sam.predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     sid = upload(client, images["a"])["session_id"]
     opts = dict(
@@ -471,8 +471,9 @@ def test_serve_cli_runs_a_checkpoint(tmp_path, images, bundled):
     bundled default model), binds loopback, serves."""
     import httpx
 
+    from paddle_sam.build.sam_v1 import load_sam
     from paddle_sam.cli import DEFAULT_MODEL
-    from paddle_sam.convert.checkpoint import load_sam, save_pdparams
+    from paddle_sam.convert.core import save_pdparams
 
     if bundled:
         model, ckpt_args = load_sam(DEFAULT_MODEL), []

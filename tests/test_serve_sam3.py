@@ -19,8 +19,8 @@ from _server import (
 )
 from fastapi.testclient import TestClient
 
+from paddle_sam.predict.sam3.predictor import Sam3Predictor
 from paddle_sam.serve import create_app
-from paddle_sam.serve.sam3 import Sam3ServePredictor
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def images():
 
 
 def client_for(model, threshold: float) -> TestClient:
-    return TestClient(create_app(Sam3ServePredictor(model, confidence_threshold=threshold)))
+    return TestClient(create_app(Sam3Predictor(model, confidence_threshold=threshold)))
 
 
 def upload(c, image) -> str:
@@ -168,7 +168,7 @@ def test_serve_command_line_for_sam3(capsys):
 def test_clicks_go_to_predict_inst(images):
     """A model with the interactive predictor answers clicks (and a click + previous mask)
     with predict_inst's candidates on the same image state; text still finds instances."""
-    from paddle_sam.predict.sam3_processor import Sam3Processor
+    from paddle_sam.predict.sam3.processor import Sam3Processor
 
     model = tiny_sam3_model(seed=1, interactive=True)
     img = images["b"]

@@ -14,13 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paddle_sam.convert.torch_reader import (
+from paddle_sam.convert.core import (
     CheckpointFormatError,
     UnknownCheckpointFormatError,
     UnsafeCheckpointError,
-    load_checkpoint_tree,
-    load_state_dict,
 )
+from paddle_sam.convert.torch_reader import load_checkpoint_tree, load_state_dict
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 

@@ -20,13 +20,7 @@ from PIL import Image
 from paddle_sam.cli import main
 from paddle_sam.train import prompts
 from paddle_sam.train.config import ConfigError, load_config
-from paddle_sam.train.data import (
-    CocoDataset,
-    MaskFolderDataset,
-    SA1BDataset,
-    SkipLog,
-    open_dataset,
-)
+from paddle_sam.train.data import CocoDataset, MaskFolderDataset, SA1BDataset, SkipLog, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -232,7 +226,7 @@ def test_short_run_lowers_the_loss_and_writes_its_outputs(tmp_path):
     ev = json.loads((run / "eval.json").read_text())
     assert set(ev) >= {"miou_1click", "miou_3click", "miou_box"}
     # the exported model loads like any converted checkpoint
-    from paddle_sam.convert.checkpoint import load_sam
+    from paddle_sam.build.sam_v1 import load_sam
 
     sam = load_sam(run / "model.pdparams")
     assert sam.spec.image_size == 64
@@ -261,7 +255,7 @@ def test_stages_freeze_then_unfreeze_the_last_blocks(tmp_path):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_tied_qk_init_starts_decoder_keys_as_queries(tmp_path, tied):
-    from paddle_sam.models.transformer import Attention
+    from paddle_sam.models.sam_v1.transformer import Attention
     from paddle_sam.train.trainer import Trainer
 
     model = {"type": "vit_tiny_synthetic", "spec": TINY_SPEC, "tied_qk_init": tied}

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models.build_sam import SamSpec, module_kwargs
+from ..models.sam_v1.build_sam import SamSpec, module_kwargs
 
 
 def import_reference() -> tuple[Any, Any]:

@@ -235,7 +235,7 @@ def align_sam(
     """
     from segment_anything import SamPredictor as TorchPredictor
 
-    from ..predict.predictor import SamPredictor
+    from ..predict.sam_v1.predictor import SamPredictor
 
     image = default_image() if image is None else image
     cases = default_cases(*image.shape[:2]) if cases is None else cases

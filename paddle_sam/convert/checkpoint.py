@@ -1,4 +1,5 @@
-"""Convert official SAM v1 and SAM 3 checkpoints to ``.pdparams`` and load them strictly.
+"""Convert official SAM v1 and SAM 3 checkpoints to ``.pdparams``, and read the weights of a
+checkpoint of either kind for a model (the builders in :mod:`paddle_sam.build` load them).
 
 ``convert_checkpoint`` reads ``.pth`` / ``.pt`` (zip or legacy) and ``.safetensors`` files
 without torch and without running pickled code, maps every key, transposes Linear weights,
@@ -11,9 +12,6 @@ and HF transformers (``Sam3Model`` / ``facebook/sam3``: a ``.safetensors`` file,
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
-import hashlib
 import json
 import os
 import zipfile
@@ -22,41 +20,22 @@ from typing import Any
 
 import numpy as np
 import paddle
-from tqdm import tqdm
 
-from ..models.build_sam import SAM_SPECS, SamSpec, build_sam
-from ..models.sam import Sam
+from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
+from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from . import sam3, sam3_hf, sam_v1
-from .torch_reader import CheckpointError, CheckpointFormatError, load_state_dict
-
-CONVERTER_VERSION = "1"
-PADDLE_SUFFIX = ".pdparams"
-
-
-def sidecar_path(dst: str | os.PathLike) -> Path:
-    """``model.pdparams`` -> ``model.pdparams.json``."""
-    dst = Path(dst)
-    return dst.with_name(dst.name + ".json")
-
-
-def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
-    path = Path(path)
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with (
-        open(path, "rb") as f,
-        tqdm(
-            total=size,
-            unit="B",
-            unit_scale=True,
-            desc=f"sha256 {path.name}",
-            disable=not progress or size < (100 << 20),
-        ) as bar,
-    ):
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
+from .core import (
+    PADDLE_SUFFIX,
+    CheckpointMismatchError,
+    model_shapes,
+    read_pdparams,
+    read_sidecar,
+    save_pdparams,
+    sha256_file,
+    sidecar_meta,
+    sidecar_path,
+)
+from .torch_reader import load_state_dict
 
 
 def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tuple[str, SamSpec]:
@@ -68,7 +47,7 @@ def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tupl
             official = sam_v1.hf_to_official(state_dict)
         try:
             detected = sam_v1.detect_model_type(official)
-        except sam_v1.CheckpointMismatchError:
+        except CheckpointMismatchError:
             if model_type is None:
                 raise
     if model_type is None:
@@ -78,7 +57,7 @@ def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tupl
     if model_type not in SAM_SPECS:
         raise ValueError(f"unknown model type {model_type!r}; choose from {sorted(SAM_SPECS)}")
     if detected is not None and detected != model_type:
-        raise sam_v1.CheckpointMismatchError(
+        raise CheckpointMismatchError(
             f"--model-type {model_type} does not match the checkpoint, which looks like {detected}"
         )
     return model_type, SAM_SPECS[model_type]
@@ -119,7 +98,7 @@ def convert_checkpoint(
     if hf_source:
         state = sam3_hf.load_hf_state_dict(src, progress=progress)
         if not sam3_hf.is_hf_sam3_layout(state):
-            raise sam_v1.CheckpointMismatchError(
+            raise CheckpointMismatchError(
                 f"{src} is not an HF SAM 3 checkpoint (no 'vision_encoder.backbone.*' keys); "
                 "folders and sharded indexes are read for HF SAM 3 only"
             )
@@ -130,7 +109,7 @@ def convert_checkpoint(
     if wants_sam3 or (looks_sam3 and model_type is None and spec is None):
         return _convert_sam3(src, dst, state, model_type, spec, progress)
     if looks_sam3:
-        raise sam_v1.CheckpointMismatchError(
+        raise CheckpointMismatchError(
             f"--model-type {model_type} does not match the checkpoint, which looks like sam3"
         )
     layout = "hf" if sam_v1.is_hf_layout(set(state)) else "official"
@@ -145,15 +124,8 @@ def convert_checkpoint(
         model_type = model_type or "custom"
     converted = sam_v1.convert_state_dict(state, spec)
     del state
-    meta = {
-        "format": "paddle-sam/sam_v1",
-        "model_type": model_type,
-        "spec": spec.to_dict(),
-        "source": {"file": src.name, "sha256": sha256_file(src, progress), "layout": layout},
-        "converter_version": CONVERTER_VERSION,
-        "paddle_version": paddle.__version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+    source = {"file": src.name, "sha256": sha256_file(src, progress), "layout": layout}
+    meta = sidecar_meta("sam_v1", model_type, spec, source)
     save_pdparams(converted, dst, meta)
     return meta
 
@@ -165,11 +137,9 @@ def _convert_sam3(
     every key, check the image model's part (and, when the file has ``tracker.*`` keys, the
     tracker's SAM heads of ``predict_inst``) strictly against the model of ``spec`` (the
     released sizes by default), write it all."""
-    from ..models.sam3 import build_sam3
-
-    if model_type not in (None, "sam3") or not isinstance(spec, build_sam3.Sam3Spec | None):
+    if model_type not in (None, "sam3") or not isinstance(spec, Sam3Spec | None):
         raise ValueError(f"model type {model_type!r} and spec {spec!r} do not describe SAM 3")
-    spec = build_sam3.SAM3_SPEC if spec is None else spec
+    spec = SAM3_SPEC if spec is None else spec
     layout, dropped = "official", {}
     if sam3_hf.is_hf_sam3_layout(state):
         layout = "hf"
@@ -185,19 +155,11 @@ def _convert_sam3(
         )
     else:
         sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
-    meta = {
-        "format": "paddle-sam/sam3",
-        "model_type": "sam3",
-        "spec": dataclasses.asdict(spec),
-        "interactive": interactive,
-        "source": {"file": src.name, **_source_hashes(src, progress), "layout": layout},
-        "converter_version": CONVERTER_VERSION,
-        "paddle_version": paddle.__version__,
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+    source = {"file": src.name, **_source_hashes(src, progress), "layout": layout}
     if layout == "hf":
-        meta["source"]["dropped"] = dropped  # {reason: number of HF keys}
-        meta["source"]["filled"] = sam3_hf.FILLED
+        source["dropped"] = dropped  # {reason: number of HF keys}
+        source["filled"] = sam3_hf.FILLED
+    meta = sidecar_meta("sam3", "sam3", spec, source, interactive=interactive)
     save_pdparams(converted, dst, meta)
     return meta
 
@@ -219,33 +181,7 @@ def _source_hashes(src: Path, progress: bool) -> dict:
     return out
 
 
-def save_pdparams(state: dict[str, np.ndarray], dst: str | os.PathLike, meta: dict) -> None:
-    """Write weights and sidecar atomically (temporary files, then rename)."""
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f".{dst.name}.tmp{PADDLE_SUFFIX}")
-    side, side_tmp = sidecar_path(dst), sidecar_path(tmp)
-    try:
-        paddle.save({k: paddle.to_tensor(v) for k, v in state.items()}, str(tmp))
-        side_tmp.write_text(json.dumps(meta, indent=2) + "\n")
-        os.replace(tmp, dst)
-        os.replace(side_tmp, side)
-    finally:
-        for p in (tmp, side_tmp):
-            p.unlink(missing_ok=True)
-
-
-def read_sidecar(path: str | os.PathLike) -> dict | None:
-    side = sidecar_path(path)
-    if not side.is_file():
-        return None
-    try:
-        return json.loads(side.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointFormatError(f"sidecar {side} is not valid JSON: {exc}") from exc
-
-
-def read_weights(path: str | os.PathLike, spec: SamSpec) -> dict[str, np.ndarray]:
+def read_sam_v1_weights(path: str | os.PathLike, spec: SamSpec) -> dict[str, np.ndarray]:
     """Paddle-layout float32 weights for ``spec`` from a .pdparams or an official file."""
     path = Path(path)
     if not path.is_file():
@@ -253,73 +189,32 @@ def read_weights(path: str | os.PathLike, spec: SamSpec) -> dict[str, np.ndarray
     if path.suffix != PADDLE_SUFFIX:
         # an official .pth / .safetensors: convert in memory, with the same strict checks
         return sam_v1.convert_state_dict(load_state_dict(path), spec)
-    try:
-        state = paddle.load(str(path), return_numpy=True)
-    except Exception as exc:  # paddle raises many types for damaged files
-        raise CheckpointFormatError(
-            f"cannot read {path}: not a valid .pdparams file ({exc})"
-        ) from exc
-    if not isinstance(state, dict):
-        raise CheckpointFormatError(
-            f"{path} does not hold a state dict (got {type(state).__name__})"
-        )
+    return read_pdparams(path)
+
+
+def read_sam3_weights(
+    path: str | os.PathLike, model: paddle.nn.Layer | None = None
+) -> dict[str, np.ndarray]:
+    """Paddle-layout float32 weights from an official SAM 3 checkpoint (the released
+    ``sam3.pt`` or an HF transformers ``.safetensors`` file, sharded index or folder: converted
+    in memory, without torch) or a ``.pdparams`` written by ``paddle-sam convert``. With
+    ``model`` they are checked strictly against it and reduced to the parts it holds
+    (:func:`sam3.select_for_model`)."""
+    path = Path(path)
+    if not (path.is_file() or sam3_hf.is_hf_source(path) and path.exists()):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == PADDLE_SUFFIX:
+        state = read_pdparams(path)
+    else:
+        raw, _ = sam3_hf.read_released(path)
+        state = sam3.convert_state_dict(raw)
+    if model is not None:
+        state = sam3.select_for_model(state, model_shapes(model), where=f"{path}: ")
     return state
 
 
-def load_sam_weights(model: Sam, path: str | os.PathLike) -> None:
-    """Load weights into ``model`` strictly: every key present, nothing extra, shapes equal."""
-    spec = getattr(model, "spec", None)
-    if spec is None:
-        raise ValueError("model has no .spec; build it with paddle_sam.build_sam(spec)")
-    state = read_weights(path, spec)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    sam_v1.check_keys(expected, state, where=f"{path}: ")
-    model.set_state_dict(
-        {k: paddle.to_tensor(np.asarray(v, dtype=np.float32)) for k, v in state.items()}
-    )
-
-
-def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sam:
-    """Build and load a model from a checkpoint, taking its size from the sidecar if present.
-
-    Without a sidecar the size is ``model_type`` or, for official files, detected.
-    """
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    meta = read_sidecar(checkpoint)
-    if model_type == "sam3" or (meta or {}).get("model_type") == "sam3":
-        raise ValueError(
-            f"{checkpoint} is a SAM 3 model: load it with "
-            "build_sam3_image_model(checkpoint_path=...)"
-        )
-    if meta is not None and "spec" in meta:
-        spec = SamSpec.from_dict(meta["spec"])
-        if model_type not in (None, meta.get("model_type")):
-            raise ValueError(
-                f"--model-type {model_type} does not match {checkpoint}, converted as "
-                f"{meta.get('model_type')}"
-            )
-    elif checkpoint.suffix != PADDLE_SUFFIX:
-        # an official file: read it once, both to check or detect its size and to load it
-        state = load_state_dict(checkpoint)
-        _, spec = resolve_spec(model_type, state)
-        sam = build_sam(spec)
-        sam.set_state_dict(
-            {k: paddle.to_tensor(v) for k, v in sam_v1.convert_state_dict(state, spec).items()}
-        )
-        return sam
-    elif model_type is not None:
-        _, spec = resolve_spec(model_type)
-    else:
-        raise ValueError(
-            f"{checkpoint} has no sidecar {sidecar_path(checkpoint).name}; pass the model type"
-        )
-    return build_sam(spec, checkpoint)
-
-
 def detect_family(checkpoint: str | os.PathLike) -> str | None:
-    """``"sam3"``, ``"sam"`` (SAM v1) or None (cannot tell cheaply) for a checkpoint file.
+    """``"sam3"``, ``"sam_v1"`` or None (cannot tell cheaply) for a checkpoint file.
 
     From the sidecar of a converted file; for official files from their key names without
     reading the weights: the pickle of a zip ``.pt`` / ``.pth`` (scanned as bytes, never
@@ -330,7 +225,7 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
         raise FileNotFoundError(f"checkpoint not found: {path}")
     meta = read_sidecar(path)
     if meta is not None and "model_type" in meta:
-        return "sam3" if meta["model_type"] == "sam3" else "sam"
+        return "sam3" if meta["model_type"] == "sam3" else "sam_v1"
     if path.suffix == PADDLE_SUFFIX:
         return None
     needle = sam3.DETECTOR_PREFIX + "backbone."
@@ -342,7 +237,7 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
                 pickles = [n for n in zf.namelist() if n.endswith("/data.pkl")]
                 if len(pickles) != 1:
                     return None
-                return "sam3" if needle.encode() in zf.read(pickles[0]) else "sam"
+                return "sam3" if needle.encode() in zf.read(pickles[0]) else "sam_v1"
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) == 8:
@@ -351,45 +246,17 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
                     header = f.read(n)
                     if header[:1] == b"{":
                         sam3_keys = (needle.encode(), hf_needle, hf_video_needle)
-                        return "sam3" if any(n in header for n in sam3_keys) else "sam"
+                        return "sam3" if any(n in header for n in sam3_keys) else "sam_v1"
     except (OSError, zipfile.BadZipFile):
         return None
     return None
 
 
-def load_sam3(
-    checkpoint: str | os.PathLike,
-    bpe_path: str | os.PathLike | None = None,
-    enable_inst_interactivity: bool = False,
-):
-    """Build and strictly load a SAM 3 image model from a converted ``.pdparams`` or an official
-    checkpoint (released ``sam3.pt``, or HF: ``.safetensors``, sharded index, folder), its
-    sizes from the sidecar if present (the released sizes otherwise)."""
-    from ..models.sam3 import build_sam3
-
-    checkpoint = Path(checkpoint)
-    if not (checkpoint.is_file() or sam3_hf.is_hf_source(checkpoint) and checkpoint.exists()):
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
-    if meta.get("model_type", "sam3") != "sam3":
-        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
-    spec = build_sam3.Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else build_sam3.SAM3_SPEC
-    return build_sam3.build_sam3_image_model(
-        bpe_path=bpe_path,
-        checkpoint_path=checkpoint,
-        enable_inst_interactivity=enable_inst_interactivity,
-        spec=spec,
-    )
-
-
 __all__ = [
-    "CheckpointError",
-    "CheckpointFormatError",
     "convert_checkpoint",
     "detect_family",
-    "load_sam3",
-    "load_sam",
-    "load_sam_weights",
-    "read_sidecar",
+    "read_sam3_weights",
+    "read_sam_v1_weights",
+    "resolve_spec",
     "sidecar_path",
 ]

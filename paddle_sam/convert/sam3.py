@@ -15,19 +15,21 @@ upstream's image builder does). Our parameter names are upstream's, so the map i
 
 from __future__ import annotations
 
-import os
 import re
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import paddle
 
-from .sam_v1 import CheckpointMismatchError, check_keys
-from .torch_reader import CheckpointFormatError
+from ..models.sam3.build_sam3 import SAM3_SPEC, build_sam3_model
+from .core import (
+    CheckpointMismatchError,
+    check_keys,
+    linear_weights,
+    model_shapes,
+)
 
 DETECTOR_PREFIX = "detector."
 TRACKER_PREFIX = "tracker."
@@ -250,72 +252,17 @@ def converted_shapes(
     return {key: step.shape for key, (_, step) in plan(layout).items()}
 
 
-def model_shapes(model: paddle.nn.Layer) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(int(d) for d in v.shape) for k, v in model.state_dict().items()}
-
-
 def _build_lazy(spec: Any = None, enable_inst_interactivity: bool = False) -> paddle.nn.Layer:
     """The SAM 3 image model of ``spec`` (released sizes by default) under ``LazyGuard``:
     parameters are declared, not initialised."""
-    from ..models.sam3 import build_sam3
-
-    spec = build_sam3.SAM3_SPEC if spec is None else spec
-    with paddle.LazyGuard(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no checkpoint_path, the weights are random"
-        return build_sam3.build_sam3_image_model(
-            spec=spec, enable_inst_interactivity=enable_inst_interactivity
-        )
+    spec = SAM3_SPEC if spec is None else spec
+    with paddle.LazyGuard():
+        return build_sam3_model(spec, enable_inst_interactivity=enable_inst_interactivity)
 
 
 def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -> dict:
     """Parameter shapes of the SAM 3 image model of ``spec`` (the released one by default)."""
     return model_shapes(_build_lazy(spec, enable_inst_interactivity))
-
-
-def read_sam3_weights(
-    path: str | os.PathLike, spec: Any = None, model: paddle.nn.Layer | None = None
-) -> dict[str, np.ndarray]:
-    """Paddle-layout float32 weights from an official checkpoint (the released ``sam3.pt`` or
-    an HF transformers ``.safetensors`` file, sharded index or folder: converted in memory,
-    without torch) or a ``.pdparams`` written by ``paddle-sam convert``. With ``model`` they are
-    checked strictly against it and reduced to the parts it holds (:func:`select_for_model`);
-    ``spec`` is accepted for symmetry with the SAM v1 loader (the model carries the sizes)."""
-    from . import sam3_hf
-
-    path = Path(path)
-    if not (path.is_file() or sam3_hf.is_hf_source(path) and path.exists()):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if path.suffix == ".pdparams":
-        try:
-            state = paddle.load(str(path), return_numpy=True)
-        except Exception as exc:  # paddle raises many types for damaged files
-            raise CheckpointFormatError(
-                f"cannot read {path}: not a valid .pdparams ({exc})"
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointFormatError(f"{path} does not hold a state dict")
-    else:
-        raw, _ = sam3_hf.read_released(path)
-        state = convert_state_dict(raw)
-    if model is not None:
-        state = select_for_model(state, model_shapes(model), where=f"{path}: ")
-    return state
-
-
-def load_state_strict(model: paddle.nn.Layer, state: Mapping[str, np.ndarray]) -> None:
-    """Set ``model``'s weights from a Paddle-layout state dict: every key present, nothing
-    extra, shapes equal (:class:`CheckpointMismatchError` otherwise).
-
-    Tensors are copied in one at a time, and a mutable ``state`` (a ``dict``) is emptied as it
-    goes: the full-size model (3.4 GB) then never exists three times over (arrays, temporary
-    tensors, parameters), only the parameters plus what remains to be copied."""
-    targets = model.state_dict()
-    check_keys({k: tuple(int(d) for d in v.shape) for k, v in targets.items()}, state)
-    pop = isinstance(state, dict)
-    for key in list(state):
-        value = state.pop(key) if pop else state[key]
-        targets[key].set_value(np.asarray(value, dtype=np.float32))
-        del value
 
 
 _QKV_KEY = re.compile(r"^(.*)\.([qkv])_proj\.(weight|bias)$")
@@ -334,7 +281,7 @@ def released_layout(
 
 
 def _released_layout(model: paddle.nn.Layer) -> dict[str, tuple[tuple[int, ...], str]]:
-    linear = {f"{n}.weight" for n, m in model.named_sublayers() if isinstance(m, paddle.nn.Linear)}
+    linear = linear_weights(model)
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     fused: dict[str, list[int]] = {}
     for key, shape in model_shapes(model).items():

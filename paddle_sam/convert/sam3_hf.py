@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .core import CheckpointFormatError, CheckpointMismatchError
 from .sam3 import DETECTOR_PREFIX
-from .sam_v1 import CheckpointMismatchError
-from .torch_reader import CheckpointFormatError, load_state_dict
+from .torch_reader import load_state_dict
 
 HF_DETECTOR_PREFIX = "detector_model."  # Sam3VideoModel (facebook/sam3 on the hub)
 HF_TRACKER_NECK_PREFIX = "tracker_neck."  # its second FPN neck (released: sam2_convs)

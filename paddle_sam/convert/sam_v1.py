@@ -13,12 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 import paddle
 
-from ..models.build_sam import SAM_SPECS, SamSpec, build_sam
-
-
-class CheckpointMismatchError(ValueError):
-    """The checkpoint's keys or shapes do not fit the model."""
-
+from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
+from .core import CheckpointMismatchError, check_keys, linear_weights, model_shapes
 
 # Keys an official checkpoint may carry that the model does not need, with the reason.
 DROPPED_KEYS = {
@@ -114,14 +110,8 @@ def expected_layout(spec: SamSpec) -> tuple[dict[str, tuple[int, ...]], set[str]
     Built under ``paddle.LazyGuard`` so no memory is spent on random initialisation.
     """
     with paddle.LazyGuard():
-        model = build_sam(spec)
-    shapes = {k: tuple(int(d) for d in v.shape) for k, v in model.state_dict().items()}
-    linear = {
-        f"{name}.weight"
-        for name, layer in model.named_sublayers()
-        if isinstance(layer, paddle.nn.Linear)
-    }
-    return shapes, linear
+        model = build_sam_model(spec)
+    return model_shapes(model), linear_weights(model)
 
 
 def convert_state_dict(
@@ -149,43 +139,6 @@ def convert_state_dict(
         value = np.asarray(src[key]).astype(np.float32, copy=False)
         out[key] = np.ascontiguousarray(value.T) if key in linear else value
     return out
-
-
-def check_keys(
-    expected: Mapping[str, tuple[int, ...]],
-    state: Mapping[str, np.ndarray],
-    *,
-    ignore: Mapping[str, str] | set[str] = (),
-    wrong: list[str] | None = None,
-    where: str = "",
-) -> None:
-    """Raise :class:`CheckpointMismatchError` listing every missing, unexpected (not in
-    ``ignore``) and mis-shaped key of ``state`` against ``expected`` shapes, plus any
-    problems already found (``wrong``); ``where`` prefixes the message (a file name)."""
-    wrong = list(wrong or [])
-    bad = {w.split(":")[0] for w in wrong}
-    missing = [k for k in expected if k not in state]
-    extra = [k for k in state if k not in expected and k not in ignore]
-    wrong += [
-        f"{k}: checkpoint {list(np.shape(state[k]))}, model expects {list(s)}"
-        for k, s in expected.items()
-        if k in state and k not in bad and tuple(np.shape(state[k])) != tuple(s)
-    ]
-    if missing or extra or wrong:
-        raise CheckpointMismatchError(where + _mismatch_message(missing, extra, wrong))
-
-
-def _mismatch_message(
-    missing: list[str], extra: list[str], wrong: list[str], limit: int = 20
-) -> str:
-    parts = ["checkpoint does not match the model:"]
-    sections = (("missing keys", missing), ("unexpected keys", extra), ("bad tensors", wrong))
-    for title, items in sections:
-        if items:
-            shown = "\n    ".join(items[:limit])
-            more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
-            parts.append(f"  {len(items)} {title}:\n    {shown}{more}")
-    return "\n".join(parts)
 
 
 def random_official_state_dict(spec: SamSpec, seed: int = 0) -> dict[str, np.ndarray]:

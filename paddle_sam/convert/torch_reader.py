@@ -33,6 +33,13 @@ from typing import IO, Any, Literal
 
 import numpy as np
 
+from .core import (
+    CheckpointError,
+    CheckpointFormatError,
+    UnknownCheckpointFormatError,
+    UnsafeCheckpointError,
+)
+
 __all__ = [
     "PROGRESS_MIN_BYTES",
     "CheckpointError",
@@ -55,22 +62,6 @@ _LEGACY_PROTOCOL = 1001
 # extra memory such tensors may claim so a hostile file cannot ask for terabytes.
 _MAX_EXPANSION_BYTES = 1 << 30
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
-
-
-class CheckpointError(ValueError):
-    """Base class for errors raised while reading a checkpoint."""
-
-
-class CheckpointFormatError(CheckpointError):
-    """The file is truncated, corrupt, or uses an unsupported feature."""
-
-
-class UnknownCheckpointFormatError(CheckpointFormatError):
-    """The file is neither a torch zip, a legacy torch file, nor safetensors."""
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """The pickle references a global outside the tensor-only allow list."""
 
 
 class _Bad(Exception):

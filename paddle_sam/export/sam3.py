@@ -24,7 +24,6 @@ an export on a GPU or on a CPU without AVX-512, naming the option that exports w
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -195,13 +194,15 @@ def export_sam3(
 ) -> dict:
     """Write ``backbone.*``, ``text_encoder.*``, ``prompt_decoder.*`` and ``export.json``.
 
-    ``spec`` (the model's sizes, e.g. from the checkpoint's sidecar) is recorded in the
-    manifest when given; the runtime needs only the sizes the manifest always holds.
+    ``spec`` (the model's sizes; default: the spec the builder attached to the model) is
+    recorded in the manifest; the runtime needs only the sizes the manifest always holds.
     ``fused_attention``: programs with Paddle's fused CPU attention kernel, which run on CPUs
     with AVX-512 only (default: when this machine can run it); False for GPU deployment.
     """
     if fused_attention is None:
         fused_attention = fused_attention_available()
+    if spec is None:
+        spec = getattr(model, "spec", None)
     if model.inst_interactive_predictor is not None:
         # the SAM 1 style heads (predict_inst) are not part of this export; the programs
         # would carry their unused weights
@@ -222,7 +223,7 @@ def export_sam3(
         format_version=FORMAT_VERSION,
         model_type="sam3",
         source_sha256=source_sha256,
-        spec=dataclasses.asdict(spec) if spec is not None else None,
+        spec=spec.to_dict() if spec is not None else None,
         image_size=int(model.backbone.vision_backbone.trunk.img_size),
         pixel_mean=[0.5, 0.5, 0.5],
         pixel_std=[0.5, 0.5, 0.5],

@@ -36,7 +36,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.static import InputSpec
 
-from ..models.sam import Sam
+from ..models.sam_v1.sam import Sam
 
 EXPORT_FORMAT = "paddle-sam/sam_v1-static"
 # 2: the Paddle Inference decoder returns low-res logits; the runtime upscales what it keeps

@@ -1,11 +1,18 @@
-"""SAM v1 modules, weight-compatible with facebookresearch/segment-anything."""
+"""The networks, one subpackage per family: :mod:`.sam_v1` (segment-anything) and :mod:`.sam3`
+(sam3), with upstream module and parameter names. Pure layers and their specs: no file I/O,
+nothing else of paddle_sam imported; checkpoints are read one level up (:mod:`paddle_sam.build`).
+"""
 
-from .build_sam import SAM_SPECS, SamSpec, build_sam, sam_model_registry
-from .image_encoder import ImageEncoderViT
-from .mask_decoder import MaskDecoder
-from .prompt_encoder import PromptEncoder
-from .sam import Sam
-from .transformer import TwoWayTransformer
+from .sam_v1 import (
+    SAM_SPECS,
+    ImageEncoderViT,
+    MaskDecoder,
+    PromptEncoder,
+    Sam,
+    SamSpec,
+    TwoWayTransformer,
+    build_sam_model,
+)
 
 __all__ = [
     "SAM_SPECS",
@@ -15,6 +22,5 @@ __all__ = [
     "Sam",
     "SamSpec",
     "TwoWayTransformer",
-    "build_sam",
-    "sam_model_registry",
+    "build_sam_model",
 ]

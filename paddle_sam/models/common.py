@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, ClassVar
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -111,3 +114,30 @@ class MLP(nn.Layer):
         if self.sigmoid_output:
             x = nn.functional.sigmoid(x)
         return x
+
+
+class Spec:
+    """What the model specs (``SamSpec``, ``Sam3Spec``: frozen dataclasses) share: a plain dict
+    and back (a converted checkpoint's sidecar, an export's manifest), unknown fields refused,
+    lists read back as tuples, older field names read under their current ones."""
+
+    RENAMED: ClassVar[dict[str, str]] = {}  # older field name -> current one
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        if not isinstance(d, dict):
+            raise ValueError(f"a {cls.__name__} must be a JSON object, got {type(d).__name__}")
+        d = {cls.RENAMED.get(k, k): v for k, v in d.items()}
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    def _check_positive(self, *names: str) -> None:
+        bad = [f"{n}={getattr(self, n)!r}" for n in names if not getattr(self, n) > 0]
+        if bad:
+            raise ValueError(f"{type(self).__name__}: sizes must be positive: {', '.join(bad)}")

@@ -77,6 +77,15 @@ def save_mask_png(mask: np.ndarray, path: str | os.PathLike) -> None:
     Image.fromarray(np.asarray(mask, dtype=bool).astype(np.uint8) * 255).save(path)
 
 
+def coco_rle(mask: np.ndarray) -> dict:
+    """COCO run-length encoding of an ``H x W`` mask (pycocotools), JSON-ready: ``{"size":
+    [H, W], "counts": str}``."""
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
 def _palette(n: int, seed: int = 3) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(40, 256, size=(max(n, 1), 3)).astype(np.float64)

@@ -38,10 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._runtime import cpu_count, get_num_threads, set_num_threads
-from ..models.build_sam import SAM_SPECS
-from ..models.sam import Sam
-from ..predict.io import ImageTooLargeError, decode_image
-from ..predict.predictor import PredictorBase, SamPredictor
+from .._version import __version__
+from ..models.sam_v1.build_sam import SAM_SPECS
+from ..models.sam_v1.sam import Sam
+from ..predict.io import ImageTooLargeError, coco_rle, decode_image
+from ..predict.sam_v1.predictor import PredictorBase, SamPredictor
 from .config import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_UPLOAD_MB,
@@ -103,12 +104,14 @@ class ModelService:
     def _describe(self, model_type: str | None) -> tuple[str, dict | None]:
         manifest = getattr(self.predictor, "manifest", None)
         spec = getattr(self.model, "spec", None)
+        own = getattr(self.predictor, "model_type", None)
+        if spec is not None and own is not None:
+            return model_type or own, spec.to_dict()
         if spec is not None:
             found = next((k for k, v in SAM_SPECS.items() if v == spec), None)
             return model_type or found or "custom", spec.to_dict()
         if manifest is not None:
             return model_type or manifest.get("model_type") or "custom", manifest.get("spec")
-        own = getattr(self.predictor, "model_type", None)
         return model_type or own or type(self.predictor).__name__, None
 
     @property
@@ -234,7 +237,7 @@ class EverythingJob:
 
 def _everything_generator(service: ModelService, session: Session, job: EverythingJob, **kw):
     """A mask generator that reuses the session's embedding and reports progress per batch."""
-    from ..predict.automatic_mask_generator import SamAutomaticMaskGenerator
+    from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     class SessionPredictor(SamPredictor):
         def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
@@ -377,12 +380,6 @@ def mask_png(mask: np.ndarray) -> bytes:
     )
 
 
-def _coco_rle(mask: np.ndarray) -> dict:
-    from ..cli import _coco_rle as encode
-
-    return encode(mask)
-
-
 def _message(exc: RequestValidationError) -> str:
     parts = []
     for e in exc.errors():
@@ -405,18 +402,18 @@ def create_app(
     threads: int | None = None,
 ) -> FastAPI:
     """The service and its web page for a SAM model (wrapped in a SamPredictor), a SAM 3
-    image model (wrapped in a ``Sam3ServePredictor``) or a predictor.
+    image model (wrapped in a ``Sam3Predictor``) or a predictor.
 
     ``threads``: CPU threads per model call (default: the calling thread's current setting).
     """
     from ..models.sam3.sam3_image import Sam3Image
-    from .sam3 import Sam3ServePredictor
+    from ..predict.sam3.predictor import Sam3Predictor
 
     if isinstance(model_or_predictor, Sam):
         predictor: Any = SamPredictor(model_or_predictor)
     elif isinstance(model_or_predictor, Sam3Image):
-        predictor = Sam3ServePredictor(model_or_predictor)
-    elif isinstance(model_or_predictor, PredictorBase | Sam3ServePredictor):
+        predictor = Sam3Predictor(model_or_predictor)
+    elif isinstance(model_or_predictor, PredictorBase | Sam3Predictor):
         predictor = model_or_predictor
     else:
         raise TypeError(
@@ -441,7 +438,7 @@ def create_app(
 
     app = FastAPI(
         title="paddle-sam",
-        version="0.1.0",
+        version=__version__,
         description="Interactive Segment Anything: upload an image once, prompt it many times.",
         docs_url=None,  # the Swagger page loads its assets from a CDN; the schema is enough
         redoc_url=None,
@@ -705,7 +702,7 @@ def create_app(
             if "png" in req.outputs:
                 item["png"] = base64.b64encode(pngs[i]).decode("ascii")
             if "rle" in req.outputs:
-                item["rle"] = _coco_rle(m)
+                item["rle"] = coco_rle(m)
             out_masks.append(item)
         store.refresh(s)
         return {
@@ -751,7 +748,7 @@ def create_app(
         s = store.get(session_id)
         if not service.supports_everything:
             raise ApiError(400, "not_supported", service.everything_refusal)
-        from ..predict.amg_utils import generate_crop_boxes
+        from ..predict.sam_v1.amg_utils import generate_crop_boxes
 
         job = EverythingJob(store.new_id(), total=0)
         gen = _everything_generator(service, s, job, **req.model_dump())

@@ -128,7 +128,7 @@ def cmd_serve(args) -> int:
     if not sam3 and (args.bpe is not None or args.confidence_threshold != 0.5):
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
     if sam3:
-        from .sam3 import load_sam3_predictor
+        from ..build.sam3 import load_sam3_predictor
 
         if args.exported is not None:
             raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")

@@ -238,7 +238,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
 
 def validate(cfg: Config, where: str) -> None:
     """Value checks that types cannot express (ranges, choices, files that must exist)."""
-    from ..models.build_sam import SAM_SPECS
+    from ..models.sam_v1.build_sam import SAM_SPECS
 
     def bad(key: str, value, why: str):
         raise ConfigError(f"{where}: {key} = {value!r}: {why}")

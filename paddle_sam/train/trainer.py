@@ -27,9 +27,10 @@ import paddle
 import paddle.nn.functional as F
 from PIL import Image
 
-from ..convert.checkpoint import load_sam_weights, save_pdparams
-from ..models.build_sam import SAM_SPECS, SamSpec, build_sam
-from ..predict.transforms import ResizeLongestSide
+from ..build.sam_v1 import build_sam, load_sam_weights
+from ..convert.core import save_pdparams, sidecar_meta
+from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec
+from ..predict.sam_v1.transforms import ResizeLongestSide
 from .config import Config
 from .data import SkipLog, open_dataset
 from .losses import sam_loss
@@ -72,7 +73,7 @@ def tie_decoder_qk(sam) -> None:
     """Set each mask-decoder attention's key projection to its query projection (a from-
     scratch initialisation: attention logits start as q(x) . q(y), a positive semi-definite
     kernel, so a point token attends to the image positions whose encoding matches its own)."""
-    from ..models.transformer import Attention
+    from ..models.sam_v1.transformer import Attention
 
     for _, layer in sam.mask_decoder.named_sublayers():
         if isinstance(layer, Attention):
@@ -229,7 +230,7 @@ class Trainer:
         self.progress = progress and self.rank == 0
         self.out = Path(cfg.run.output_dir)
         if cfg.train.threads is not None:
-            from .. import set_num_threads
+            from .._runtime import set_num_threads
 
             set_num_threads(cfg.train.threads)
         self._prepare_run_dir(resume, overwrite, config_text)
@@ -534,19 +535,15 @@ class Trainer:
 
     def export(self, metrics: dict) -> Path:
         """The final weights as a loadable ``model.pdparams`` with its sidecar."""
-        import datetime as dt
-
         dst = self.out / "model.pdparams"
         state = {k: v.numpy() for k, v in self.sam.state_dict().items()}
-        meta = {
-            "format": "paddle-sam/sam_v1",
-            "model_type": self.cfg.run.model_name or self.cfg.model.type,
-            "spec": self.spec.to_dict(),
-            "source": {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
-            "training": {"steps": self.step, "world_size": self.world, **metrics},
-            "paddle_version": paddle.__version__,
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        }
+        meta = sidecar_meta(
+            "sam_v1",
+            self.cfg.run.model_name or self.cfg.model.type,
+            self.spec,
+            {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
+            training={"steps": self.step, "world_size": self.world, **metrics},
+        )
         save_pdparams(state, dst, meta)
         return dst
 

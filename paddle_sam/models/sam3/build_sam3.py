@@ -1,20 +1,16 @@
-"""Builder of the SAM 3 image model (upstream: sam3/model_builder.py).
-
-Sizes are a frozen :class:`Sam3Spec`; ``SAM3_SPEC`` is the released model. Our builder never
-downloads anything: pass ``checkpoint_path`` (an official ``sam3.pt`` or a converted
-``.pdparams``), or get random weights.
+"""SAM 3 sizes as a frozen :class:`Sam3Spec` (``SAM3_SPEC`` is the released model) and the image
+model of a spec (upstream: sam3/model_builder.py, without the checkpoint loading, which
+:mod:`paddle_sam.build.sam3` adds).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import paddle
 from paddle import nn
 
+from ..common import Spec
 from .decoder import TransformerDecoder, TransformerDecoderLayer
 from .encoder import TransformerEncoderFusion, TransformerEncoderLayer
 from .geometry_encoders import SequenceGeometryEncoder
@@ -24,19 +20,20 @@ from .sam3_image import Sam3Image
 
 
 @dataclass(frozen=True)
-class Sam3Spec:
-    """Every size of the SAM 3 image model; defaults are the released checkpoint's."""
+class Sam3Spec(Spec):
+    """Every size of the SAM 3 image model; defaults are the released checkpoint's. Fields that
+    mean the same as in ``SamSpec`` have its names (image_size, vit_patch_size, encoder_*)."""
 
     # vision trunk (Perception Encoder ViT) and neck
-    img_size: int = 1008
-    pretrain_img_size: int = 336
-    patch_size: int = 14
-    vit_embed_dim: int = 1024
-    vit_depth: int = 32
-    vit_num_heads: int = 16
-    vit_mlp_ratio: float = 4.625
+    image_size: int = 1008
+    pretrain_image_size: int = 336
+    vit_patch_size: int = 14
+    encoder_embed_dim: int = 1024
+    encoder_depth: int = 32
+    encoder_num_heads: int = 16
+    mlp_ratio: float = 4.625
     window_size: int = 24
-    global_att_blocks: tuple[int, ...] = (7, 15, 23, 31)
+    encoder_global_attn_indexes: tuple[int, ...] = (7, 15, 23, 31)
     scale_factors: tuple[float, ...] = (4.0, 2.0, 1.0, 0.5)
     scalp: int = 1
     # text encoder
@@ -55,14 +52,59 @@ class Sam3Spec:
     geometry_layers: int = 3
     upsampling_stages: int = 3
 
-    @classmethod
-    def from_dict(cls, d: dict) -> Sam3Spec:
-        """The spec of a ``dataclasses.asdict`` dict (a converted checkpoint's sidecar)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown Sam3Spec fields: {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    # names of sidecars written before the fields were aligned with SamSpec's
+    RENAMED = {
+        "img_size": "image_size",
+        "pretrain_img_size": "pretrain_image_size",
+        "patch_size": "vit_patch_size",
+        "vit_embed_dim": "encoder_embed_dim",
+        "vit_depth": "encoder_depth",
+        "vit_num_heads": "encoder_num_heads",
+        "vit_mlp_ratio": "mlp_ratio",
+        "global_att_blocks": "encoder_global_attn_indexes",
+    }
+
+    def __post_init__(self) -> None:
+        for name in ("encoder_global_attn_indexes", "scale_factors"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        self._check_positive(
+            "image_size",
+            "pretrain_image_size",
+            "vit_patch_size",
+            "encoder_embed_dim",
+            "encoder_depth",
+            "encoder_num_heads",
+            "mlp_ratio",
+            "window_size",
+            "text_width",
+            "text_heads",
+            "text_layers",
+            "context_length",
+            "vocab_size",
+            "d_model",
+            "num_heads",
+            "dim_feedforward",
+            "encoder_layers",
+            "decoder_layers",
+            "num_queries",
+            "geometry_layers",
+            "upsampling_stages",
+        )
+        if self.image_size % self.vit_patch_size:
+            raise ValueError(
+                f"image_size {self.image_size} is not a multiple of the patch size "
+                f"{self.vit_patch_size}"
+            )
+        for width, heads, what in (
+            (self.encoder_embed_dim, self.encoder_num_heads, "encoder"),
+            (self.text_width, self.text_heads, "text"),
+            (self.d_model, self.num_heads, "detector"),
+        ):
+            if width % heads:
+                raise ValueError(f"{what} heads {heads} must divide its width {width}")
+        bad = [i for i in self.encoder_global_attn_indexes if not 0 <= i < self.encoder_depth]
+        if bad:
+            raise ValueError(f"global attention indexes {bad} outside 0..{self.encoder_depth - 1}")
 
 
 SAM3_SPEC = Sam3Spec()
@@ -87,36 +129,35 @@ def _position_encoding(spec: Sam3Spec, precompute_resolution: int | None = None)
 
 
 def build_backbone(
-    spec: Sam3Spec, bpe_path: str | os.PathLike | None, enable_inst_interactivity: bool
+    spec: Sam3Spec, tokenizer: Callable[..., object] | None, enable_inst_interactivity: bool
 ) -> nn.Layer:
     """Vision trunk + dual neck + text encoder (S3A's modules), combined as upstream."""
     from .necks import Sam3DualViTDetNeck
     from .text_encoder import VETextEncoder
-    from .tokenizer import SimpleTokenizer
     from .vitdet import ViT
     from .vl_combiner import SAM3VLBackbone
 
     trunk = ViT(
-        img_size=spec.img_size,
-        pretrain_img_size=spec.pretrain_img_size,
-        patch_size=spec.patch_size,
-        embed_dim=spec.vit_embed_dim,
-        depth=spec.vit_depth,
-        num_heads=spec.vit_num_heads,
-        mlp_ratio=spec.vit_mlp_ratio,
+        img_size=spec.image_size,
+        pretrain_img_size=spec.pretrain_image_size,
+        patch_size=spec.vit_patch_size,
+        embed_dim=spec.encoder_embed_dim,
+        depth=spec.encoder_depth,
+        num_heads=spec.encoder_num_heads,
+        mlp_ratio=spec.mlp_ratio,
         window_size=spec.window_size,
-        global_att_blocks=spec.global_att_blocks,
+        global_att_blocks=spec.encoder_global_attn_indexes,
     )
     neck = Sam3DualViTDetNeck(
         trunk=trunk,
-        position_encoding=_position_encoding(spec, precompute_resolution=spec.img_size),
+        position_encoding=_position_encoding(spec, precompute_resolution=spec.image_size),
         d_model=spec.d_model,
         scale_factors=spec.scale_factors,
         add_sam2_neck=enable_inst_interactivity,
     )
     text = VETextEncoder(
         d_model=spec.d_model,
-        tokenizer=SimpleTokenizer(bpe_path=bpe_path),
+        tokenizer=tokenizer,
         width=spec.text_width,
         heads=spec.text_heads,
         layers=spec.text_layers,
@@ -170,8 +211,8 @@ def build_transformer(spec: Sam3Spec) -> TransformerWrapper:
         frozen=False,
         interaction_layer=None,
         dac_use_selfatt_ln=True,
-        resolution=spec.img_size,
-        stride=spec.patch_size,
+        resolution=spec.image_size,
+        stride=spec.vit_patch_size,
         presence_token=True,
     )
     return TransformerWrapper(encoder=encoder, decoder=decoder, d_model=spec.d_model)
@@ -236,8 +277,8 @@ def build_interactive_predictor(spec: Sam3Spec):
     from .interactive import SAM3InteractiveImagePredictor, Sam3TrackerHeads
 
     heads = Sam3TrackerHeads(
-        image_size=spec.img_size,
-        backbone_stride=spec.patch_size,
+        image_size=spec.image_size,
+        backbone_stride=spec.vit_patch_size,
         hidden_dim=spec.d_model,
         num_heads=spec.num_heads,
         mlp_dim=spec.dim_feedforward,
@@ -245,34 +286,17 @@ def build_interactive_predictor(spec: Sam3Spec):
     return SAM3InteractiveImagePredictor(heads)
 
 
-def build_sam3_image_model(
-    bpe_path: str | os.PathLike | None = None,
-    device: str | None = None,
-    eval_mode: bool = True,
-    checkpoint_path: str | os.PathLike | None = None,
-    load_from_HF: bool = False,  # noqa: N803 - upstream name
+def build_sam3_model(
+    spec: Sam3Spec = SAM3_SPEC,
+    tokenizer: Callable[..., object] | None = None,
     enable_segmentation: bool = True,
     enable_inst_interactivity: bool = False,
-    compile: bool = False,
-    spec: Sam3Spec = SAM3_SPEC,
 ) -> Sam3Image:
-    """Build the SAM 3 image model; same arguments as upstream's ``build_sam3_image_model``.
-
-    ``checkpoint_path``: the official ``sam3.pt`` (read without torch, converted on the fly) or
-    a ``.pdparams`` written by ``paddle-sam convert``; loading is strict. Without it the weights
-    are random. ``device`` (e.g. ``"cpu"``, ``"gpu:0"``) calls ``paddle.set_device`` when given.
-    ``load_from_HF`` must stay False: nothing is ever downloaded. ``compile`` is ignored
-    (use ``paddle-sam export`` for static graphs).
-    """
-    if load_from_HF and checkpoint_path is None:
-        raise ValueError(
-            "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
-            "converted .pdparams)"
-        )
-    if device is not None:
-        paddle.set_device(device)
+    """The SAM 3 image model of ``spec`` with fresh (random) weights, in eval mode, ``spec``
+    attached. ``tokenizer``: text -> token ids for the text encoder (``SimpleTokenizer``);
+    without one the model takes token ids only."""
     model = Sam3Image(
-        backbone=build_backbone(spec, bpe_path, enable_inst_interactivity),
+        backbone=build_backbone(spec, tokenizer, enable_inst_interactivity),
         transformer=build_transformer(spec),
         input_geometry_encoder=build_geometry_encoder(spec),
         segmentation_head=build_segmentation_head(spec) if enable_segmentation else None,
@@ -285,22 +309,9 @@ def build_sam3_image_model(
             build_interactive_predictor(spec) if enable_inst_interactivity else None
         ),
     )
-    if checkpoint_path is not None:
-        load_sam3_weights(model, checkpoint_path, spec)
-    else:
-        warnings.warn(
-            "build_sam3_image_model: no checkpoint_path, the weights are random", stacklevel=2
-        )
-    if eval_mode:
-        model.eval()
+    model.spec = spec
+    model.eval()
     return model
 
 
-def load_sam3_weights(
-    model: Sam3Image, path: str | os.PathLike, spec: Sam3Spec = SAM3_SPEC
-) -> None:
-    """Strictly load an official checkpoint or a converted ``.pdparams`` into ``model``."""
-    from ...convert import sam3 as convert_sam3
-
-    state = convert_sam3.read_sam3_weights(path, spec=spec, model=model)
-    convert_sam3.load_state_strict(model, state)
+__all__ = ["SAM3_SPEC", "Sam3Spec", "build_sam3_model"]

@@ -16,8 +16,8 @@ import paddle
 from paddle import nn
 
 from ..common import MLP, LayerNorm2d, Linear, resize_bilinear
-from ..prompt_encoder import PromptEncoder
-from ..transformer import TwoWayTransformer
+from ..sam_v1.prompt_encoder import PromptEncoder
+from ..sam_v1.transformer import TwoWayTransformer
 
 
 class MaskDecoder(nn.Layer):

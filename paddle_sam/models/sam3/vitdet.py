@@ -21,7 +21,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from ..common import Linear
-from ..image_encoder import PatchEmbed, _can_be_inplace, window_partition, window_unpartition
+from ..sam_v1.image_encoder import PatchEmbed, _can_be_inplace, window_partition, window_unpartition
 from .model_misc import LayerScale, fused_self_attention, use_fused_attention
 
 # attention scores computed at once (256 MB in float32): one block for the 9 x 16 windows of

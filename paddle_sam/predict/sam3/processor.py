@@ -14,11 +14,11 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ..models.common import resize_bilinear
-from ..models.sam3.box_ops import box_cxcywh_to_xyxy
-from ..models.sam3.geometry_encoders import Prompt
-from ..models.sam3.sam3_image import PIXEL_DECODER_TERMS, FindStage, Sam3Image
-from .predictor import check_image
+from ...models.common import resize_bilinear
+from ...models.sam3.box_ops import box_cxcywh_to_xyxy
+from ...models.sam3.geometry_encoders import Prompt
+from ...models.sam3.sam3_image import PIXEL_DECODER_TERMS, FindStage, Sam3Image
+from ..sam_v1.predictor import check_image
 
 
 def _aa_bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:

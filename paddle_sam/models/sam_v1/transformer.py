@@ -12,7 +12,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import Linear, MLPBlock
+from ..common import Linear, MLPBlock
 
 
 class TwoWayTransformer(nn.Layer):

@@ -13,7 +13,7 @@ import math
 import paddle
 from paddle import nn
 
-from .common import LayerNorm2d
+from ..common import LayerNorm2d
 
 
 class PromptEncoder(nn.Layer):

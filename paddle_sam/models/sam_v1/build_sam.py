@@ -1,16 +1,12 @@
-"""Model sizes as frozen specs in a registry, and the builders (upstream: build_sam.py).
-
-``sam_model_registry["vit_b"](checkpoint=...)`` works as upstream, with a converted
-``.pdparams`` file (see ``paddle-sam convert``). Smaller custom sizes are declared with
-:class:`SamSpec` and built with :func:`build_sam`.
+"""SAM v1 sizes as frozen specs in a registry, and the model of a spec (upstream:
+build_sam.py, without the checkpoint loading, which :mod:`paddle_sam.build.sam_v1` adds).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 
+from ..common import Spec
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
@@ -19,7 +15,7 @@ from .transformer import TwoWayTransformer
 
 
 @dataclass(frozen=True)
-class SamSpec:
+class SamSpec(Spec):
     """Every size of a SAM v1 model. Defaults are the shared values of the official models."""
 
     encoder_embed_dim: int
@@ -43,6 +39,23 @@ class SamSpec:
         object.__setattr__(
             self, "encoder_global_attn_indexes", tuple(self.encoder_global_attn_indexes)
         )
+        self._check_positive(
+            "encoder_embed_dim",
+            "encoder_depth",
+            "encoder_num_heads",
+            "image_size",
+            "vit_patch_size",
+            "window_size",
+            "mlp_ratio",
+            "prompt_embed_dim",
+            "mask_in_chans",
+            "decoder_depth",
+            "decoder_mlp_dim",
+            "decoder_num_heads",
+            "num_multimask_outputs",
+            "iou_head_depth",
+            "iou_head_hidden_dim",
+        )
         if self.image_size % self.vit_patch_size:
             raise ValueError(
                 f"image_size {self.image_size} is not a multiple of the patch size "
@@ -60,17 +73,6 @@ class SamSpec:
     @property
     def image_embedding_size(self) -> int:
         return self.image_size // self.vit_patch_size
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SamSpec:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown SamSpec fields: {unknown}")
-        return cls(**d)
 
 
 SAM_SPECS: dict[str, SamSpec] = {
@@ -136,8 +138,8 @@ def module_kwargs(spec: SamSpec) -> dict[str, dict]:
     }
 
 
-def build_sam(spec: SamSpec, checkpoint: str | os.PathLike | None = None) -> Sam:
-    """Build a SAM model of ``spec``; load a converted checkpoint strictly if given."""
+def build_sam_model(spec: SamSpec) -> Sam:
+    """A SAM v1 model of ``spec`` with fresh (random) weights, in eval mode, ``spec`` attached."""
     kw = module_kwargs(spec)
     sam = Sam(
         image_encoder=ImageEncoderViT(norm_eps=1e-6, **kw["image_encoder"]),
@@ -148,31 +150,7 @@ def build_sam(spec: SamSpec, checkpoint: str | os.PathLike | None = None) -> Sam
     )
     sam.spec = spec
     sam.eval()
-    if checkpoint is not None:
-        from ..convert.checkpoint import load_sam_weights
-
-        load_sam_weights(sam, checkpoint)
     return sam
 
 
-def _builder(name: str):
-    def build(checkpoint: str | os.PathLike | None = None) -> Sam:
-        return build_sam(SAM_SPECS[name], checkpoint)
-
-    build.__name__ = f"build_sam_{name}"
-    build.__doc__ = f"Build SAM {name}; ``checkpoint`` is a converted .pdparams file."
-    return build
-
-
-build_sam_vit_h = _builder("vit_h")
-build_sam_vit_l = _builder("vit_l")
-build_sam_vit_b = _builder("vit_b")
-
-sam_model_registry = {
-    "default": build_sam_vit_h,
-    "vit_h": build_sam_vit_h,
-    "vit_l": build_sam_vit_l,
-    "vit_b": build_sam_vit_b,
-}
-
-__all__ = ["SAM_SPECS", "SamSpec", "build_sam", "sam_model_registry"]
+__all__ = ["SAM_SPECS", "SamSpec", "build_sam_model", "module_kwargs"]

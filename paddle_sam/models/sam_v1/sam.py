@@ -9,7 +9,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import resize_bilinear, resize_bilinear_np
+from ..common import resize_bilinear, resize_bilinear_np
 from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder

@@ -10,9 +10,9 @@ import os
 import numpy as np
 
 from .._runtime import cpu_count
-from ..export.onnx import ONNX_FORMAT
+from ..export.onnx import ONNX_FORMAT, ONNX_FORMAT_VERSION
 from ..export.sam_v1 import PROGRAMS
-from .static_predictor import ExportedSamPredictor, ExportFormatError, read_manifest
+from .sam_v1 import ExportedSamPredictor, ExportFormatError, read_manifest
 
 
 class OnnxSamPredictor(ExportedSamPredictor):
@@ -28,7 +28,9 @@ class OnnxSamPredictor(ExportedSamPredictor):
             raise ImportError(
                 "OnnxSamPredictor needs onnxruntime: pip install 'paddle-sam[onnx]'"
             ) from exc
-        super().__init__(export_dir, read_manifest(export_dir, ONNX_FORMAT))
+        super().__init__(
+            export_dir, read_manifest(export_dir, ONNX_FORMAT, version=ONNX_FORMAT_VERSION)
+        )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = int(threads or cpu_count())
         opts.log_severity_level = 3  # errors only: unused-initializer notices are noise

@@ -11,7 +11,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import LayerNorm2d, Linear, MLPBlock
+from ..common import LayerNorm2d, Linear, MLPBlock
 
 
 class ImageEncoderViT(nn.Layer):

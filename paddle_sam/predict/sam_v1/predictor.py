@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from ..models.sam import Sam
+from ...models.sam_v1.sam import Sam
 from .transforms import ResizeLongestSide
 
 

@@ -1,6 +1,7 @@
-"""SAM 3 behind the service: text and exemplar-box prompts through ``Sam3Processor``.
+"""SAM 3 as an interactive predictor: text and exemplar-box prompts through ``Sam3Processor``,
+clicks through ``predict_inst``; what the CLI's ``segment`` and the service run.
 
-``Sam3ServePredictor`` gives a SAM 3 image model the interface ``ModelService`` drives:
+``Sam3Predictor`` gives a SAM 3 image model the interface ``ModelService`` drives:
 ``set_image`` runs the backbone once and leaves the features in ``image_state`` (the session
 state, ``session_state_keys``); ``predict`` answers one request on a private copy of that state
 with every prompt reset first, so no prompt survives a request or crosses sessions.
@@ -24,14 +25,13 @@ best first; ``K`` may be 0, and ``multimask_output`` is ignored. An interactive 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ..predict.sam3_processor import Sam3Processor
+from .processor import Sam3Processor
 
 
 class PromptNotSupported(ValueError):
@@ -73,7 +73,7 @@ class _Capture:
         return self.last
 
 
-class Sam3ServePredictor:
+class Sam3Predictor:
     """A SAM 3 image model (``Sam3Image``) as the service's predictor: text and box prompts."""
 
     takes_text = True
@@ -201,19 +201,4 @@ class Sam3ServePredictor:
         return masks[order], scores[order], low_res[order]
 
 
-def load_sam3_predictor(
-    checkpoint: str | os.PathLike,
-    bpe_path: str | os.PathLike | None = None,
-    confidence_threshold: float = 0.5,
-) -> Sam3ServePredictor:
-    """The SAM 3 image model from ``sam3.pt`` or a converted ``.pdparams`` (sizes from its
-    sidecar), with the interactive predictor for clicks unless the file was converted without
-    the tracker's weights."""
-    from ..convert.checkpoint import load_sam3, read_sidecar
-
-    interactive = (read_sidecar(checkpoint) or {}).get("interactive", True) is not False
-    model = load_sam3(checkpoint, bpe_path=bpe_path, enable_inst_interactivity=interactive)
-    return Sam3ServePredictor(model, confidence_threshold=confidence_threshold)
-
-
-__all__ = ["PromptNotSupported", "Sam3ServePredictor", "load_sam3_predictor"]
+__all__ = ["PromptNotSupported", "Sam3Predictor"]

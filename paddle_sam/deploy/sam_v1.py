@@ -29,9 +29,9 @@ from ..export.sam_v1 import (
     MANIFEST,
     PROGRAMS,
 )
-from ..models.sam import postprocess_masks, preprocess_image
-from ..predict.predictor import PredictorBase
-from ..predict.transforms import ResizeLongestSide
+from ..models.sam_v1.sam import postprocess_masks, preprocess_image
+from ..predict.sam_v1.predictor import PredictorBase
+from ..predict.sam_v1.transforms import ResizeLongestSide
 
 
 class ExportFormatError(ValueError):
@@ -188,9 +188,9 @@ def run_predictor(predictor, inputs: dict) -> list[np.ndarray]:
 
 
 # oneDNN runs the prompt decoder only. Measured on Paddle Inference 3.3.1: oneDNN + PIR fails
-# on bilinear interpolate (DESIGN.md s4), which is why the decoder program has none; on the
-# image encoder its fusion passes fail to build the program, and with the failing pass
-# removed it crashed, so the encoder always runs on Paddle's own CPU kernels.
+# on bilinear interpolate (docs/design.md section 3), which is why the decoder program has
+# none; on the image encoder its fusion passes fail to build the program, and with the failing
+# pass removed it crashed, so the encoder always runs on Paddle's own CPU kernels.
 ONEDNN_PROGRAMS = ("prompt_decoder", IMAGE_TERMS_PROGRAM, FEW_TOKENS_PROGRAM)
 
 

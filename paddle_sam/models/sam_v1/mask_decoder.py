@@ -6,7 +6,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from .common import MLP, LayerNorm2d
+from ..common import MLP, LayerNorm2d
 
 
 class MaskDecoder(nn.Layer):

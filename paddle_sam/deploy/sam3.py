@@ -25,15 +25,15 @@ import paddle
 
 from ..export.sam3 import DECODER_OUTPUTS, EXPORT_FORMAT, FORMAT_VERSION, PROGRAMS
 from ..models.sam3.model_misc import fused_attention_available
-from ..models.sam3.tokenizer import SimpleTokenizer
-from ..predict.sam3_processor import Sam3ProcessorBase
-from .static_predictor import create_predictor, inference_options, read_manifest, run_predictor
+from ..predict.sam3.processor import Sam3ProcessorBase
+from ..predict.sam3.tokenizer import SimpleTokenizer
+from .sam_v1 import create_predictor, inference_options, read_manifest, run_predictor
 
 # oneDNN runs the text encoder only. Measured on Paddle Inference 3.3.1: there it matches
 # Paddle's own kernels (2e-6). The prompt decoder builds with oneDNN but fails when run
 # (nearest interpolate: ConvertPirAttribute2RuntimeAttribute, the 3.3.x regression of
-# DESIGN.md s4); the backbone is kept off it like SAM v1's ViT image encoder
-# (static_predictor.ONEDNN_PROGRAMS), which fails with it.
+# docs/design.md section 3); the backbone is kept off it like SAM v1's ViT image encoder
+# (``deploy.sam_v1.ONEDNN_PROGRAMS``), which fails with it.
 ONEDNN_PROGRAMS = ("text_encoder",)
 
 
@@ -90,8 +90,9 @@ class StaticSam3Processor(Sam3ProcessorBase):
         """Load an export folder.
 
         bpe_path: the tokenizer's vocabulary (default: the copy shipped with paddle-sam);
-        onednn: run the text encoder and the decoder with oneDNN on the CPU (never the
-        backbone); if Paddle refuses, they fall back to its own kernels with a warning;
+        onednn: run the text encoder with oneDNN on the CPU (the backbone and the prompt
+        decoder never, see ``ONEDNN_PROGRAMS``); if Paddle refuses, it falls back to its own
+        kernels with a warning;
         text_cache_size: text prompts whose features are kept; verbose: keep Paddle
         Inference's own log.
         """

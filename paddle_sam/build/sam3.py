@@ -1,0 +1,109 @@
+"""The SAM 3 image model with its weights (upstream: sam3/model_builder.py).
+
+Our builder never downloads anything: pass ``checkpoint_path`` (an official ``sam3.pt``, an
+HF transformers checkpoint, or a converted ``.pdparams``), or get random weights.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import paddle
+
+from ..convert import sam3_hf
+from ..convert.checkpoint import read_sam3_weights
+from ..convert.core import load_state_strict, read_sidecar
+from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model
+from ..models.sam3.sam3_image import Sam3Image
+from ..predict.sam3.predictor import Sam3Predictor
+from ..predict.sam3.tokenizer import SimpleTokenizer
+
+
+def build_sam3_image_model(
+    bpe_path: str | os.PathLike | None = None,
+    device: str | None = None,
+    eval_mode: bool = True,
+    checkpoint_path: str | os.PathLike | None = None,
+    load_from_HF: bool = False,  # noqa: N803 - upstream name
+    enable_segmentation: bool = True,
+    enable_inst_interactivity: bool = False,
+    compile: bool = False,
+    spec: Sam3Spec = SAM3_SPEC,
+) -> Sam3Image:
+    """Build the SAM 3 image model; same arguments as upstream's ``build_sam3_image_model``.
+
+    ``checkpoint_path``: the official ``sam3.pt`` (read without torch, converted on the fly) or
+    a ``.pdparams`` written by ``paddle-sam convert``; loading is strict. Without it the weights
+    are random. ``bpe_path``: the tokenizer's vocabulary (default: the copy shipped with
+    paddle-sam). ``device`` (e.g. ``"cpu"``, ``"gpu:0"``) calls ``paddle.set_device`` when
+    given. ``load_from_HF`` must stay False: nothing is ever downloaded. ``compile`` is ignored
+    (use ``paddle-sam export`` for static graphs).
+    """
+    if load_from_HF and checkpoint_path is None:
+        raise ValueError(
+            "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
+            "converted .pdparams)"
+        )
+    if device is not None:
+        paddle.set_device(device)
+    model = build_sam3_model(
+        spec,
+        tokenizer=SimpleTokenizer(bpe_path=bpe_path),
+        enable_segmentation=enable_segmentation,
+        enable_inst_interactivity=enable_inst_interactivity,
+    )
+    if checkpoint_path is not None:
+        load_sam3_weights(model, checkpoint_path)
+    else:
+        warnings.warn(
+            "build_sam3_image_model: no checkpoint_path, the weights are random", stacklevel=2
+        )
+    if not eval_mode:
+        model.train()
+    return model
+
+
+def load_sam3_weights(model: Sam3Image, path: str | os.PathLike) -> None:
+    """Strictly load an official checkpoint or a converted ``.pdparams`` into ``model``."""
+    load_state_strict(model, read_sam3_weights(path, model=model))
+
+
+def load_sam3(
+    checkpoint: str | os.PathLike,
+    bpe_path: str | os.PathLike | None = None,
+    enable_inst_interactivity: bool = False,
+) -> Sam3Image:
+    """Build and strictly load a SAM 3 image model from a converted ``.pdparams`` or an official
+    checkpoint (released ``sam3.pt``, or HF: ``.safetensors``, sharded index, folder), its
+    sizes from the sidecar if present (the released sizes otherwise)."""
+    checkpoint = Path(checkpoint)
+    if not (checkpoint.is_file() or sam3_hf.is_hf_source(checkpoint) and checkpoint.exists()):
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
+    if meta.get("model_type", "sam3") != "sam3":
+        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
+    spec = Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else SAM3_SPEC
+    return build_sam3_image_model(
+        bpe_path=bpe_path,
+        checkpoint_path=checkpoint,
+        enable_inst_interactivity=enable_inst_interactivity,
+        spec=spec,
+    )
+
+
+def load_sam3_predictor(
+    checkpoint: str | os.PathLike,
+    bpe_path: str | os.PathLike | None = None,
+    confidence_threshold: float = 0.5,
+) -> Sam3Predictor:
+    """The SAM 3 image model from ``sam3.pt`` or a converted ``.pdparams`` (sizes from its
+    sidecar), with the interactive predictor for clicks unless the file was converted without
+    the tracker's weights."""
+    interactive = (read_sidecar(checkpoint) or {}).get("interactive", True) is not False
+    model = load_sam3(checkpoint, bpe_path=bpe_path, enable_inst_interactivity=interactive)
+    return Sam3Predictor(model, confidence_threshold=confidence_threshold)
+
+
+__all__ = ["build_sam3_image_model", "load_sam3", "load_sam3_predictor", "load_sam3_weights"]
