@@ -66,6 +66,7 @@ chromium:
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check paddle_sam tests benchmarks
+	$(BIN)/ruff format --check paddle_sam tests benchmarks
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_sam_v1.py --model-type vit_b

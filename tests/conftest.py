@@ -6,6 +6,24 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        default=False,
+        help="also run the opt-in full-size runs marked slow (minutes, 12-18 GB of memory)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="opt-in full-size run: pytest --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def find_reference_dir() -> Path:
     """The nearest ``shared/reference`` among the repository's ancestors."""
     parents = Path(__file__).resolve().parents

@@ -14,7 +14,7 @@ masks cover 70-80 %, so a wrong query, box or mask shows. The ``tracker.*`` keys
 neck (``sam2_convs``, used only with instance interactivity) are random arrays of the released
 shapes: the file holds exactly the 1465 released keys.
 
-Opt-in (minutes and ~12 GB of memory on 2 cores): ``pytest -m slow tests/test_full_size_sam3.py``.
+Opt-in (minutes and ~12 GB of memory on 2 cores): ``pytest --runslow tests/test_full_size_sam3.py``.
 """
 
 from __future__ import annotations
@@ -45,12 +45,6 @@ HW = (480, 640)
 TEXT = "a red car"
 BOX = [0.45, 0.5, 0.3, 0.4]  # cx, cy, w, h in [0, 1]
 CASES = ("text", "box")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _opt_in(request):
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("full-size SAM 3 parity is opt-in: pytest -m slow")
 
 
 def _prompt(processor, state, case: str) -> dict:

@@ -555,9 +555,9 @@ def test_interactive_predictor(interactive_pair, case):
     ref, ours = interactive_pair
     kw = INTERACTIVE_CASES[case]
     with cpu_patches(), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # upstream skips hole filling without cc_torch/skimage
+        # holes are filled on both sides: upstream's CPU backend is scikit-image (test extra)
+        warnings.simplefilter("error")
         r = ref.predict(**{k: np.asarray(v) if isinstance(v, list) else v for k, v in kw.items()})
-    ours.max_hole_area = 0.0  # same as the reference without a connected-components backend
     o = ours.predict(**kw)
     assert o[0].shape == r[0].shape and o[2].shape == r[2].shape
     assert_close(r[1], o[1], max_abs=1e-5, name=f"{case}: iou")
@@ -569,6 +569,30 @@ def test_interactive_predictor(interactive_pair, case):
         assert agree >= 0.9999, f"{case}: binary masks agree on {agree:.6f}"
     with pytest.raises(RuntimeError, match="set_image"):
         type(ours)(ours.model).predict(point_coords=[[1.0, 1.0]], point_labels=[1])
+
+
+@pytest.mark.parametrize("hole, sprinkle", [(256.0, 0.0), (0.0, 30.0), (40.0, 40.0)])
+def test_hole_and_sprinkle_removal(interactive_pair, hole, sprinkle):
+    """Small background holes and foreground sprinkles of predicted logits, removed as
+    upstream does (its CPU backend: scikit-image's 8-connected labelling), on logits with
+    components of many sizes, touching diagonally too."""
+    ref, ours = interactive_pair
+    rng = np.random.default_rng(7)
+    blobs = rng.standard_normal((2, 3, 48, 40)).astype(np.float32)
+    logits = np.where(rng.random((2, 3, 48, 40)) < 0.35, -np.abs(blobs), np.abs(blobs) + 0.1)
+    ref._transforms.max_hole_area, ref._transforms.max_sprinkle_area = hole, sprinkle
+    ours.max_hole_area, ours.max_sprinkle_area = hole, sprinkle
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # upstream skips with a warning without a backend
+            r = ref._transforms.postprocess_masks(torch.from_numpy(logits), (48, 40)).numpy()
+        o = ours._postprocess_masks(paddle.to_tensor(logits), (48, 40)).numpy()
+    finally:
+        ref._transforms.max_hole_area, ref._transforms.max_sprinkle_area = 256.0, 0.0
+        ours.max_hole_area, ours.max_sprinkle_area = 256.0, 0.0
+    changed = (r > 0) != (logits > 0)
+    assert changed.any(), "the case must have components to remove"
+    np.testing.assert_allclose(o, r, atol=1e-5)
 
 
 def test_fused_attention_rules(monkeypatch):

@@ -585,9 +585,80 @@ def test_exported_model_is_served(tmp_path, images):
         assert_error(c.post(f"/sessions/{sa}/everything", json={}), 400, "not_supported")
 
 
+def _predictor(kind: str, tmp_path: Path):
+    if kind == "SamPredictor":
+        return SamPredictor(tiny_model(seed=4))
+    if kind == "StaticSamPredictor":
+        from paddle_sam.deploy import StaticSamPredictor
+        from paddle_sam.export.sam_v1 import export_sam
+
+        export_sam(tiny_model(seed=4), tmp_path / "tiny", model_type="tiny")
+        return StaticSamPredictor(tmp_path / "tiny")
+    if kind == "OnnxSamPredictor":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("paddle2onnx")
+        from paddle_sam.deploy import OnnxSamPredictor
+        from paddle_sam.export.onnx import export_onnx
+
+        export_onnx(tiny_model(seed=4), tmp_path / "tiny", model_type="tiny")
+        return OnnxSamPredictor(tmp_path / "tiny")
+    from _server import tiny_sam3_model
+
+    from paddle_sam.predict.sam3.predictor import Sam3Predictor
+
+    return Sam3Predictor(tiny_sam3_model(interactive=kind == "Sam3Predictor-interactive"))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "SamPredictor",
+        "StaticSamPredictor",
+        "OnnxSamPredictor",
+        "Sam3Predictor",
+        "Sam3Predictor-interactive",
+    ],
+)
+def test_predictors_are_interactive_predictors(kind, tmp_path, images):
+    """Every predictor the service takes has the members of ``InteractivePredictor``, of the
+    declared types, and holds the attributes it names as its state after ``set_image``."""
+    from paddle_sam.predict.base import InteractivePredictor
+
+    p = _predictor(kind, tmp_path)
+    assert isinstance(p, InteractivePredictor)
+    declared = {n for n in vars(InteractivePredictor) if not n.startswith("_")}
+    declared |= set(InteractivePredictor.__annotations__)
+    assert declared == {
+        "session_state_keys",
+        "takes_text",
+        "takes_points",
+        "takes_mask_input",
+        "returns_instances",
+        "model_type",
+        "is_image_set",
+        "everything_refusal",
+        "mask_refusal",
+        "is_interactive",
+        "set_image",
+        "predict",
+    }
+    assert not [n for n in sorted(declared) if not hasattr(p, n)]
+    for flag in ("takes_text", "takes_points", "takes_mask_input", "returns_instances"):
+        assert type(getattr(p, flag)) is bool, flag
+    for name in ("model_type", "everything_refusal", "mask_refusal"):
+        assert isinstance(getattr(p, name), str | None), name
+    keys = p.session_state_keys
+    assert isinstance(keys, tuple) and keys and all(isinstance(k, str) for k in keys)
+    for has_points, has_mask in [(True, False), (False, True), (False, False)]:
+        assert type(p.is_interactive(None, has_points, has_mask)) is bool
+    assert p.is_image_set is False
+    p.set_image(images["a"])
+    assert p.is_image_set is True and all(getattr(p, k) is not None for k in keys)
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (5, 13), (7, 16), (33, 9)])
 def test_mask_png_round_trip(shape):
-    from paddle_sam.serve.app import mask_png
+    from paddle_sam.serve.schemas import mask_png
 
     m = np.random.default_rng(sum(shape)).random(shape) < 0.5
     png = mask_png(m)

@@ -2,6 +2,7 @@
 converted ``.pdparams`` or an official file (read through :mod:`paddle_sam.convert`), as
 upstream's ``build_sam.py`` / ``model_builder.py`` do. One module per family."""
 
+from .sam3 import build_sam3_image_model, load_sam3, load_sam3_weights
 from .sam_v1 import (
     DEFAULT_MODEL,
     build_sam,
@@ -12,7 +13,6 @@ from .sam_v1 import (
     load_sam_weights,
     sam_model_registry,
 )
-from .sam3 import build_sam3_image_model, load_sam3, load_sam3_weights
 
 __all__ = [
     "DEFAULT_MODEL",

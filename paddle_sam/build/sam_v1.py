@@ -59,8 +59,8 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
             )
     elif checkpoint.suffix != PADDLE_SUFFIX:
         # an official file: read it once, both to check or detect its size and to load it
-        from ..convert.torch_reader import load_state_dict
         from ..convert.sam_v1 import convert_state_dict
+        from ..convert.torch_reader import load_state_dict
 
         state = load_state_dict(checkpoint)
         _, spec = resolve_spec(model_type, state)

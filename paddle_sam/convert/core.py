@@ -111,6 +111,17 @@ def load_state_strict(
         del value
 
 
+def random_weight(key: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A float32 random tensor for an official-layout key, for demo and test checkpoints:
+    norm weights near 1, everything else fan-in scaled (the model it gives is meaningless)."""
+    if key.endswith(".weight") and len(shape) == 1:  # norms
+        value = 1.0 + 0.02 * rng.standard_normal(shape)
+    else:
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        value = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
+    return value.astype(np.float32)
+
+
 # ---------------------------------------------------------------- .pdparams and sidecar
 
 

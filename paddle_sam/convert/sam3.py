@@ -29,6 +29,7 @@ from .core import (
     check_keys,
     linear_weights,
     model_shapes,
+    random_weight,
 )
 
 DETECTOR_PREFIX = "detector."
@@ -330,10 +331,5 @@ def random_released_state_dict(
             cos, sin = attn.rope_cos.numpy()[:, ::2], attn.rope_sin.numpy()[:, ::2]
             out[key] = (cos + 1j * sin).astype(np.complex64)
             continue
-        if key.endswith(".weight") and len(shape) == 1:  # norms
-            value = 1.0 + 0.02 * rng.standard_normal(shape)
-        else:
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            value = rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))
-        out[key] = value.astype(np.float32)
+        out[key] = random_weight(key, shape, rng)
     return out

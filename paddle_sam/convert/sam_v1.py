@@ -14,7 +14,13 @@ import numpy as np
 import paddle
 
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
-from .core import CheckpointMismatchError, check_keys, linear_weights, model_shapes
+from .core import (
+    CheckpointMismatchError,
+    check_keys,
+    linear_weights,
+    model_shapes,
+    random_weight,
+)
 
 # Keys an official checkpoint may carry that the model does not need, with the reason.
 DROPPED_KEYS = {
@@ -149,13 +155,7 @@ def random_official_state_dict(spec: SamSpec, seed: int = 0) -> dict[str, np.nda
     """
     rng = np.random.default_rng(seed)
     shapes, linear = expected_layout(spec)
-    out = {}
-    for key, shape in shapes.items():
-        torch_shape = shape[::-1] if key in linear else shape
-        if key.endswith(".weight") and len(shape) == 1:  # norms
-            value = 1.0 + 0.02 * rng.standard_normal(torch_shape)
-        else:
-            fan_in = int(np.prod(torch_shape[1:])) if len(torch_shape) > 1 else 1
-            value = rng.standard_normal(torch_shape) / np.sqrt(max(fan_in, 1))
-        out[key] = value.astype(np.float32)
-    return out
+    return {
+        key: random_weight(key, shape[::-1] if key in linear else shape, rng)
+        for key, shape in shapes.items()
+    }

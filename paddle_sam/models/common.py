@@ -116,6 +116,73 @@ class MLP(nn.Layer):
         return x
 
 
+def _row_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Horizontal runs of True in an H x W mask: rows, starts, ends (exclusive), raster order."""
+    h, w = mask.shape
+    padded = np.zeros((h, w + 2), dtype=np.int8)
+    padded[:, 1:-1] = mask
+    d = np.diff(padded, axis=1)
+    rows, starts = np.nonzero(d == 1)
+    _, ends = np.nonzero(d == -1)
+    return rows, starts, ends
+
+
+def connected_components(mask: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """8-connected components of an H x W binary mask, labelled like OpenCV.
+
+    Returns ``(n_labels, labels, areas)``: ``labels`` is H x W int32 with 0 for background and
+    1..n_labels-1 for components numbered in raster order of their first pixel; ``areas[i]`` is
+    the pixel count of label i (``areas[0]`` counts the background).
+    """
+    mask = np.asarray(mask).astype(bool)
+    h, w = mask.shape
+    rows, starts, ends = _row_runs(mask)
+    n_runs = len(rows)
+    labels = np.zeros((h, w), dtype=np.int32)
+    if n_runs == 0:
+        return 1, labels, np.array([h * w], dtype=np.int64)
+
+    # Runs in adjacent rows touch (8-connectivity) iff  start_b <= end_a and start_a <= end_b.
+    # With keys row * K + col (K > w) the runs are globally sorted, so for each run b in row r+1
+    # the touching runs of row r form one contiguous index range [lo, hi).
+    k = w + 2
+    start_keys = rows * k + starts
+    end_keys = rows * k + ends
+    above = rows > 0
+    b_idx = np.flatnonzero(above)
+    prev_row = (rows[b_idx] - 1) * k
+    lo = np.searchsorted(end_keys, prev_row + starts[b_idx], side="left")
+    hi = np.searchsorted(start_keys, prev_row + ends[b_idx], side="right")
+    n_pairs = np.maximum(hi - lo, 0)
+    edge_b = np.repeat(b_idx, n_pairs)
+    first = np.repeat(lo - np.concatenate([[0], np.cumsum(n_pairs)[:-1]]), n_pairs)
+    edge_a = first + np.arange(edge_b.size)
+
+    # Union-find by hooking roots onto the smaller root and full path compression, vectorised.
+    parent = np.arange(n_runs)
+    while edge_a.size:
+        ra, rb = parent[edge_a], parent[edge_b]
+        differ = ra != rb
+        if not differ.any():
+            break
+        ra, rb = ra[differ], rb[differ]
+        lo_root = np.minimum(ra, rb)
+        np.minimum.at(parent, np.maximum(ra, rb), lo_root)
+        while True:
+            grand = parent[parent]
+            if np.array_equal(grand, parent):
+                break
+            parent = grand
+    # Roots are the first run (in raster order) of each component -> OpenCV's label order.
+    roots, run_label = np.unique(parent, return_inverse=True)
+    run_len = ends - starts
+    areas = np.zeros(len(roots) + 1, dtype=np.int64)
+    np.add.at(areas, run_label + 1, run_len)
+    areas[0] = h * w - run_len.sum()
+    labels.reshape(-1)[np.flatnonzero(mask)] = np.repeat(run_label + 1, run_len)
+    return len(roots) + 1, labels, areas
+
+
 class Spec:
     """What the model specs (``SamSpec``, ``Sam3Spec``: frozen dataclasses) share: a plain dict
     and back (a converted checkpoint's sidecar, an export's manifest), unknown fields refused,

@@ -8,14 +8,13 @@ prompt encoder and the two-way transformer are SAM v1's (same parameters and mat
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import paddle
 from paddle import nn
 
-from ..common import MLP, LayerNorm2d, Linear, resize_bilinear
+from ..common import MLP, LayerNorm2d, Linear, connected_components, resize_bilinear
 from ..sam_v1.prompt_encoder import PromptEncoder
 from ..sam_v1.transformer import TwoWayTransformer
 
@@ -398,9 +397,9 @@ class SAM3InteractiveImagePredictor(nn.Layer):
     def _postprocess_masks(self, masks: paddle.Tensor, orig_hw: tuple[int, int]) -> paddle.Tensor:
         """Optional hole / sprinkle removal, then bilinear resize to the original size.
 
-        Upstream removes small components only when a connected-components backend is
-        installed (cc_torch or scikit-image, neither a dependency of sam3) and otherwise warns
-        and skips; here the backend is scipy, with the same fallback.
+        Upstream removes components of at most ``max_hole_area`` / ``max_sprinkle_area`` pixels
+        (8-connected, as its connected-components backends do) by pushing their logits past
+        the threshold; here the labelling is :func:`connected_components` (numpy only).
         """
         masks = masks.astype("float32")
         if self.max_hole_area > 0 or self.max_sprinkle_area > 0:
@@ -408,19 +407,9 @@ class SAM3InteractiveImagePredictor(nn.Layer):
         return resize_bilinear(masks, orig_hw)
 
     def _remove_small_regions(self, masks: paddle.Tensor) -> paddle.Tensor:
-        try:
-            from scipy import ndimage
-        except ImportError:
-            warnings.warn(
-                "scipy is not installed: skipping the removal of small holes and sprinkles in "
-                "predicted masks (as upstream does without its connected-components backend)",
-                stacklevel=3,
-            )
-            return masks
         m = masks.numpy()
         thr = self.mask_threshold
         out = m.copy()
-        structure = np.ones((3, 3), dtype=bool)  # 8-connectivity, as skimage's default
         for idx in np.ndindex(*m.shape[:2]):
             for area, region, value in (
                 (self.max_hole_area, m[idx] <= thr, thr + 10.0),
@@ -428,10 +417,9 @@ class SAM3InteractiveImagePredictor(nn.Layer):
             ):
                 if area <= 0:
                     continue
-                labels, num = ndimage.label(region, structure=structure)
-                if num == 0:
+                num, labels, sizes = connected_components(region)
+                if num == 1:
                     continue
-                sizes = np.bincount(labels.ravel())
                 small = (labels > 0) & (sizes[labels] <= area)
                 out[idx] = np.where(small, value, out[idx])
         return paddle.to_tensor(out)

@@ -47,6 +47,23 @@ class PredictorBase:
     image_format: str = "RGB"
     mask_input_size: tuple[int, int]
 
+    # what the service reads (``predict.base.InteractivePredictor``): SAM v1 takes points, a
+    # box and a previous mask, and answers with candidate masks of one object
+    session_state_keys: tuple[str, ...] = ("features", "original_size", "input_size")
+    takes_text = False
+    takes_points = True
+    takes_mask_input = True
+    returns_instances = False
+    model_type: str | None = None
+    everything_refusal: str | None = None
+    mask_refusal: str | None = None
+    is_image_set = False
+
+    @staticmethod
+    def is_interactive(text: str | None, has_points: bool, has_mask: bool) -> bool:
+        """Every request is answered with candidate masks of one object."""
+        return True
+
     def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
         """Compute and keep the embedding of an H x W x 3 uint8 image."""
         if image_format not in ("RGB", "BGR"):

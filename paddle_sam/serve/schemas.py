@@ -1,0 +1,97 @@
+"""The service's request bodies, the upload's OpenAPI description, and the mask PNG encoder."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+# -- request bodies ----------------------------------------------------------------------
+
+
+class PromptRequest(BaseModel):
+    """Prompts for one prediction; coordinates are pixels of the uploaded image."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    points: list[tuple[float, float]] = Field(
+        default_factory=list, max_length=256, description="[[x, y], ...] in pixels"
+    )
+    labels: list[Literal[0, 1]] | None = Field(
+        default=None, description="one per point: 1 positive, 0 negative (default: all 1)"
+    )
+    box: tuple[float, float, float, float] | None = Field(
+        default=None, description="x0, y0, x1, y1 in pixels"
+    )
+    previous_mask: bool = Field(
+        default=False, description="refine with the low-res logits of this session's last answer"
+    )
+    previous_index: int | None = Field(
+        default=None, description="which mask of the last answer (default: its best)"
+    )
+    text: str | None = Field(default=None, max_length=1000, description="SAM 3 models only")
+    multimask: bool = Field(default=False, description="3 masks instead of 1")
+    outputs: list[Literal["png", "rle"]] = Field(
+        default_factory=lambda: ["png", "rle"], description="mask encodings to return"
+    )
+
+
+class EverythingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    points_per_side: int = Field(default=32, ge=1, le=64)
+    points_per_batch: int = Field(default=64, ge=1, le=256)
+    pred_iou_thresh: float = Field(default=0.88, ge=0.0, le=1.0)
+    stability_score_thresh: float = Field(default=0.95, ge=0.0, le=1.0)
+    box_nms_thresh: float = Field(default=0.7, ge=0.0, le=1.0)
+    crop_n_layers: int = Field(default=0, ge=0, le=2)
+    min_mask_region_area: int = Field(default=0, ge=0)
+
+
+UPLOAD_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"image": {"type": "string", "format": "binary"}},
+                    "required": ["image"],
+                }
+            },
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+# -- masks as PNG -----------------------------------------------------------------------
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def mask_png(mask: np.ndarray) -> bytes:
+    """H x W bool -> 1-bit grayscale PNG (reads back as 0/255 in mode L).
+
+    Written directly (bit-packed rows, no filter, zlib level 1): about 3x faster than PIL's
+    encoder for a 1024 x 768 mask, and it is on every click's path.
+    """
+    h, w = mask.shape
+    rows = np.zeros((h, (w + 7) // 8 + 1), np.uint8)  # column 0: filter type 0 (none)
+    rows[:, 1:] = np.packbits(mask, axis=1)
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)),
+            _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)),
+            _png_chunk(b"IEND", b""),
+        ]
+    )
+
+
+__all__ = ["UPLOAD_SCHEMA", "EverythingRequest", "PromptRequest", "mask_png"]

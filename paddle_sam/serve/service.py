@@ -1,0 +1,297 @@
+"""The model behind the service: one predictor under one lock, its per-image state swapped in
+for each session, and "everything" (automatic mask generation) as a background job.
+
+Paddle is not thread-safe, so every model call runs under the lock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import paddle
+
+from .._runtime import cpu_count, get_num_threads, set_num_threads
+from ..models.sam_v1.build_sam import SAM_SPECS
+from ..predict.base import InteractivePredictor
+from ..predict.sam_v1.predictor import SamPredictor
+from .sessions import Session, SessionStore
+
+# -- the model behind a lock ------------------------------------------------------------
+
+
+class ModelService:
+    """One predictor shared by all sessions; its per-image state is swapped per call.
+
+    The predictor's state after ``set_image`` is the attributes named by its
+    ``session_state_keys``, which a session keeps and restores before each prompt. A
+    predictor with ``takes_text`` (SAM 3) receives a prompt's text as
+    ``predict(..., text=...)``; ``takes_points = False`` tells clients it refuses points, and
+    ``returns_instances`` that an answer can be a set of instances (all shown) rather than
+    candidate masks of one object (one shown).
+    """
+
+    def __init__(
+        self,
+        predictor: InteractivePredictor,
+        model_type: str | None = None,
+        threads: int | None = None,
+    ) -> None:
+        self.predictor = predictor
+        self.lock = threading.Lock()
+        # OpenMP's thread count is per calling thread, and requests run on worker threads
+        # that would otherwise compute on one core: apply the creator's count in each of them
+        self.threads = threads or get_num_threads() or cpu_count()
+        self._configured = threading.local()
+        self.state_keys = tuple(predictor.session_state_keys)
+        self.takes_text = predictor.takes_text
+        self.takes_points = predictor.takes_points
+        self.returns_instances = predictor.returns_instances
+        # the dynamic model (Sam, Sam3Image); None for an exported one
+        self.model: Any = getattr(predictor, "model", None)
+        self.model_type, self.spec = self._describe(model_type)
+        self.last_embed_seconds: float | None = None
+        # upload id -> [encoder blocks done, blocks in all]; the latest uploads only
+        self.embed_progress: OrderedDict[str, list[int]] = OrderedDict()
+
+    def _describe(self, model_type: str | None) -> tuple[str, dict | None]:
+        """The model's name and spec: ``model_type`` if given, else the predictor's own (SAM
+        3), a SAM v1 spec's name in ``SAM_SPECS`` ("custom" if none), or an export's."""
+        own = self.predictor.model_type
+        spec = getattr(self.model, "spec", None)
+        if spec is not None:
+            found = own or next((k for k, v in SAM_SPECS.items() if v == spec), None)
+            return model_type or found or "custom", spec.to_dict()
+        manifest = getattr(self.predictor, "manifest", None)
+        if manifest is not None:
+            return model_type or manifest.get("model_type") or "custom", manifest.get("spec")
+        return model_type or own or type(self.predictor).__name__, None
+
+    @property
+    def runtime(self) -> str:
+        return "paddle-inference" if hasattr(self.predictor, "manifest") else "dygraph"
+
+    @property
+    def supports_everything(self) -> bool:
+        return isinstance(self.predictor, SamPredictor)
+
+    @property
+    def everything_refusal(self) -> str:
+        return (
+            self.predictor.everything_refusal
+            or f"'everything' mode needs the dynamic model; this server runs {self.runtime}"
+        )
+
+    @property
+    def takes_mask_input(self) -> bool:
+        return self.predictor.takes_mask_input
+
+    @property
+    def mask_refusal(self) -> str:
+        return self.predictor.mask_refusal or "this model cannot refine a mask"
+
+    def answers_instances(self, text: str | None, has_points: bool, has_mask: bool) -> bool:
+        """Whether this request's answer is a set of instances rather than candidate masks of
+        one object (SAM 3 answers points or a previous mask with the latter)."""
+        return self.returns_instances and not self.predictor.is_interactive(
+            text, has_points, has_mask
+        )
+
+    def _use_threads(self) -> None:
+        if not getattr(self._configured, "done", False):
+            set_num_threads(self.threads)
+            self._configured.done = True
+
+    def _track(self, upload_id: str | None) -> list[int]:
+        blocks = getattr(getattr(self.model, "image_encoder", None), "blocks", None)
+        # one step per encoder block, and a last one when the embedding is ready
+        progress = [0, len(blocks) + 1 if blocks is not None else 0]
+        if upload_id is not None:
+            self.embed_progress[upload_id] = progress
+            while len(self.embed_progress) > 256:
+                self.embed_progress.popitem(last=False)
+        return progress
+
+    def embed(
+        self, image: np.ndarray, upload_id: str | None = None
+    ) -> tuple[dict[str, Any], float]:
+        """Embed an image; with ``upload_id``, count encoder blocks done for progress polls."""
+        progress = self._track(upload_id)
+        with self.lock:
+            self._use_threads()
+            hooks = []
+            if upload_id is not None and progress[1]:
+
+                def block_done(layer, inputs, output) -> None:
+                    progress[0] += 1
+
+                hooks = [
+                    b.register_forward_post_hook(block_done)
+                    for b in self.model.image_encoder.blocks
+                ]
+            t = time.perf_counter()
+            try:
+                self.predictor.set_image(image)
+            finally:
+                for h in hooks:
+                    h.remove()
+            seconds = time.perf_counter() - t
+            state = {k: getattr(self.predictor, k) for k in self.state_keys}
+        progress[0] = progress[1]
+        self.last_embed_seconds = seconds
+        return state, seconds
+
+    def predict(self, state: dict[str, Any], **kwargs) -> tuple[np.ndarray, ...]:
+        with self.lock:
+            self._use_threads()
+            for k, v in state.items():
+                setattr(self.predictor, k, v)
+            self.predictor.is_image_set = True
+            return self.predictor.predict(**kwargs)
+
+    def yield_lock(self) -> None:
+        """Let waiting requests run between the batches of a long job holding the lock."""
+        self.lock.release()
+        time.sleep(0.002)
+        self.lock.acquire()
+
+
+# -- "everything": automatic mask generation as a background job -------------------------
+
+
+class JobCancelled(Exception):
+    pass
+
+
+@dataclass
+class EverythingJob:
+    """An "everything" job: its progress in generator batches and, once done, its masks."""
+
+    id: str
+    total: int
+    status: str = "queued"  # queued, running, done, failed, cancelled
+    done: int = 0
+    error: str | None = None
+    result: list[dict] | None = None
+    seconds: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        if not self.result:
+            return 0
+        return sum(len(r["segmentation"]["counts"]) + 200 for r in self.result)
+
+    def to_json(self, with_result: bool) -> dict:
+        out = {
+            "job_id": self.id,
+            "status": self.status,
+            "done": self.done,
+            "total": self.total,
+            "progress": round(self.done / self.total, 4) if self.total else 1.0,
+            "error": self.error,
+            "seconds": self.seconds,
+        }
+        if with_result and self.result is not None:
+            out["masks"] = self.result
+        return out
+
+
+def _everything_generator(service: ModelService, session: Session, job: EverythingJob, **kw):
+    """A mask generator that reuses the session's embedding and reports progress per batch."""
+    from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+
+    class SessionPredictor(SamPredictor):
+        def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+            if tuple(image.shape[:2]) == tuple(session.state["original_size"]):
+                for k, v in session.state.items():  # the whole image: its embedding is cached
+                    setattr(self, k, v)
+                with paddle.no_grad():
+                    self.dense_pe = self.model.prompt_encoder.get_dense_pe()
+                self.is_image_set = True
+            else:  # a crop (crop_n_layers > 0) needs its own embedding
+                super().set_image(image, image_format)
+
+    class SessionGenerator(SamAutomaticMaskGenerator):
+        def _process_batch(self, *args, **kwargs):
+            if job.cancel.is_set():
+                raise JobCancelled()
+            service.yield_lock()
+            out = super()._process_batch(*args, **kwargs)
+            job.done += 1
+            return out
+
+    gen = SessionGenerator(service.model, output_mode="coco_rle", **kw)
+    gen.predictor = SessionPredictor(service.model)
+    return gen
+
+
+def _run_everything(
+    service: ModelService, store: SessionStore, session: Session, job: EverythingJob, gen: Any
+) -> None:
+    """Run a job's generator under the model lock; its outcome goes into the job."""
+    if job.cancel.is_set():
+        job.status = "cancelled"
+        return
+    job.status = "running"
+    t = time.perf_counter()
+    try:
+        with service.lock:
+            service._use_threads()
+            records = gen.generate(session.image)
+        job.result = [
+            {
+                "segmentation": r["segmentation"],
+                "area": int(r["area"]),
+                "bbox": [float(v) for v in r["bbox"]],
+                "predicted_iou": float(r["predicted_iou"]),
+                "stability_score": float(r["stability_score"]),
+                "point_coords": [[float(v) for v in p] for p in r["point_coords"]],
+            }
+            for r in records
+        ]
+        job.status = "done"
+    except JobCancelled:
+        job.status = "cancelled"
+    except Exception as exc:  # reported to the client through the progress endpoint
+        job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        job.seconds = round(time.perf_counter() - t, 3)
+        store.refresh(session)
+
+
+def cancel_jobs(session: Session) -> None:
+    """Ask a session's background jobs to stop (at their next batch)."""
+    for j in session.jobs.values():
+        j.cancel.set()
+
+
+def start_everything(
+    service: ModelService,
+    store: SessionStore,
+    jobs: Executor,
+    session: Session,
+    options: dict[str, Any],
+) -> EverythingJob:
+    """Queue automatic mask generation on a session; ``options`` are the generator's."""
+    from ..predict.sam_v1.amg_utils import generate_crop_boxes
+
+    job = EverythingJob(store.new_id(), total=0)
+    gen = _everything_generator(service, session, job, **options)
+    _, layers = generate_crop_boxes(
+        (session.height, session.width), options["crop_n_layers"], 512 / 1500
+    )
+    batch = options["points_per_batch"]
+    job.total = sum(math.ceil(len(gen.point_grids[i]) / batch) for i in layers)
+    session.jobs[job.id] = job
+    jobs.submit(_run_everything, service, store, session, job, gen)
+    return job
+
+
+__all__ = ["EverythingJob", "ModelService", "cancel_jobs", "start_everything"]
