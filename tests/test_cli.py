@@ -16,7 +16,7 @@ from PIL import Image
 
 from paddle_sam import cli
 from paddle_sam.convert.checkpoint import convert_checkpoint
-from paddle_sam.convert.core import read_sidecar, sidecar_path
+from paddle_sam.convert.core import CheckpointFormatError, read_sidecar, sidecar_path
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.predict import io as sam_io
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 H, W = 60, 90  # the test image; prompts below lie inside it
-COMMANDS = {"convert", "segment", "everything", "align", "random-checkpoint", "export"}
+COMMANDS = {"convert", "segment", "everything", "align", "random-checkpoint", "export", "serve"}
 
 
 def run(argv: list[str]) -> int:
@@ -321,7 +321,7 @@ def test_segment_prompt_errors(tiny_ckpt, image_png, tmp_path, capsys, monkeypat
     def no_model(args):
         raise AssertionError("prompts must be checked before the model is loaded")
 
-    monkeypatch.setattr(cli, "_load_model", no_model)
+    monkeypatch.setattr(cli.segment, "load_model", no_model)
     base = seg(image_png, tmp_path / "o", tiny_ckpt)
     assert_user_error(capsys, base, "--point", "--box")  # no prompt at all
     assert_user_error(capsys, base + ["--point", "1,2,3,4"], "--point", "1,2,3,4")
@@ -384,6 +384,88 @@ def test_existing_output_untouched(tiny_ckpt, image_png, tmp_path, capsys):
     )
     assert (out / "overlay.png").read_bytes() == b"old overlay"
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "overlay.png"]
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "0.999", "1", "-0.1", "2", "nan", "x"])
+def test_confidence_threshold_range_same_in_segment_and_serve(value, capsys):
+    """One validator: both commands take [0, 1) (SAM 3 keeps the instances scoring above it)."""
+    ok = value in ("0", "0.5", "0.999")
+    for argv in (["segment", "image.png", "-o", "out"], ["serve"]):
+        argv = [*argv, "--confidence-threshold", value]
+        if ok:
+            assert cli.build_parser().parse_args(argv).confidence_threshold == float(value)
+            continue
+        assert run(argv) == 2
+        err = capsys.readouterr().err
+        assert f"paddle-sam {argv[0]}: error: argument --confidence-threshold: " in err, err
+        assert ("[0, 1)" if value != "x" else "expected a number") in err, err
+
+
+def _convert_raising(monkeypatch, exc: BaseException) -> None:
+    from paddle_sam.convert import checkpoint
+
+    def convert_checkpoint(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(checkpoint, "convert_checkpoint", convert_checkpoint)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        KeyError("spec"),
+        TypeError("unsupported operand"),
+        AttributeError("no attribute"),
+        ImportError("cannot import name 'x'", name="paddle_sam.convert"),
+        ModuleNotFoundError("No module named 'paddle_sam.nothing'", name="paddle_sam.nothing"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_programming_errors_propagate(exc, official, tmp_path, monkeypatch):
+    """A bug inside a command is not reported as the user's mistake: it keeps its traceback."""
+    _convert_raising(monkeypatch, exc)
+    with pytest.raises(type(exc)):
+        cli.main(["convert", str(official), str(tmp_path / "o.pdparams"), "--quiet"])
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        PermissionError("permission denied: out.pdparams"),
+        IsADirectoryError("is a folder: out.pdparams"),
+        NotADirectoryError("not a folder: out.pdparams"),
+        FileExistsError("exists: out.pdparams"),
+        ValueError("bad value: out.pdparams"),
+        ModuleNotFoundError("No module named 'yaml'", name="yaml"),
+        ImportError("needs paddle2onnx: pip install 'paddle-sam[onnx]' (out.pdparams)"),
+        CheckpointFormatError("src.pth: damaged"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_user_errors_are_one_line(exc, official, tmp_path, monkeypatch, capsys):
+    _convert_raising(monkeypatch, exc)
+    line = assert_user_error(capsys, ["convert", official, tmp_path / "o.pdparams"])
+    assert line == f"paddle-sam convert: error: {exc}"
+
+
+def test_damaged_sidecar_spec_is_a_user_error(tiny_ckpt, image_png, tmp_path, capsys):
+    """A sidecar whose spec misses a field or holds text for a size names the file."""
+    side = json.loads(sidecar_path(tiny_ckpt).read_text())
+    for i, (spec, needle) in enumerate(
+        [
+            (
+                {k: v for k, v in side["spec"].items() if k != "encoder_depth"},
+                "missing SamSpec fields: ['encoder_depth']",
+            ),
+            ({**side["spec"], "encoder_depth": "deep"}, "bad SamSpec values"),
+        ]
+    ):
+        ckpt = tmp_path / f"damaged{i}.pdparams"
+        ckpt.write_bytes(tiny_ckpt.read_bytes())
+        sidecar_path(ckpt).write_text(json.dumps({**side, "spec": spec}))
+        argv = seg(image_png, tmp_path / "o", ckpt, "--point", "5,5")
+        assert_user_error(capsys, argv, f"sidecar {sidecar_path(ckpt)}: ", needle)
+    assert not (tmp_path / "o").exists()
 
 
 # ---------------------------------------------------------------------------- image modes

@@ -201,7 +201,7 @@ def test_segment_sam3_errors(ckpt, sam1_ckpt, image_png, tmp_path, capsys):
     assert_user_error(capsys, sam3, "--text", "--box")  # no prompt
     assert_user_error(capsys, sam3 + ["--text", "  "], "--text is empty")
     assert_user_error(
-        capsys, sam3 + ["--text", "a", "--confidence-threshold", "2"], "threshold", "[0, 1]"
+        capsys, sam3 + ["--text", "a", "--confidence-threshold", "2"], "threshold", "[0, 1)"
     )
     assert_user_error(capsys, sam3 + ["--box", "10,10,200,40"], "box", "outside")
     assert_user_error(capsys, sam3 + ["--text", "a", "--single-mask"], "--point")
@@ -249,3 +249,77 @@ def test_segment_sam3_clicks(interactive_ckpt, image_png, tmp_path, prompts, mul
     np.testing.assert_allclose(result["scores"], scores, rtol=1e-6)
     np.testing.assert_array_equal(_check_mask(out / "mask.png") > 0, masks[best] > 0.5)
     assert (out / "mask_2.png").exists() is multimask
+
+
+@pytest.fixture
+def served(monkeypatch) -> dict:
+    """``paddle-sam serve`` up to the app: what it would serve, without starting uvicorn."""
+    import uvicorn
+
+    import paddle_sam.serve
+
+    built: dict = {}
+
+    def create_app(model, **kwargs):
+        built.update(model=model, **kwargs)
+        return "app"
+
+    monkeypatch.setattr(paddle_sam.serve, "create_app", create_app, raising=False)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: built.update(app=app))
+    return built
+
+
+def test_serve_detects_sam3_from_the_sidecar(ckpt, interactive_ckpt, sam1_ckpt, served, capsys):
+    """No --model-type: ``serve`` tells SAM 3 from SAM v1 by the checkpoint, as ``segment``."""
+    from paddle_sam.models.sam_v1.sam import Sam
+    from paddle_sam.predict.sam3.predictor import Sam3Predictor
+
+    argv = ["serve", "--port", "0", "--checkpoint"]
+    assert run([*argv, ckpt, "--confidence-threshold", "0.3"]) == 0
+    predictor = served["model"]
+    assert isinstance(predictor, Sam3Predictor) and served["app"] == "app"
+    assert predictor.confidence_threshold == 0.3 and served["model_type"] is None
+    assert predictor.takes_points is False  # converted without the tracker
+    assert run([*argv, interactive_ckpt]) == 0
+    assert isinstance(served["model"], Sam3Predictor) and served["model"].takes_points is True
+    assert served["model"].confidence_threshold == 0.5
+    assert run([*argv, sam1_ckpt]) == 0
+    assert isinstance(served["model"], Sam)
+    served.clear()
+    line = assert_user_error(capsys, [*argv, sam1_ckpt, "--confidence-threshold", "0.3"])
+    assert "apply to --model-type sam3 only" in line and not served
+
+
+def test_predictor_grounds_several_boxes(processor, image_png, work):
+    """``Sam3Predictor.ground``: the text, then positive and negative boxes, best first; the
+    same through a wrapped processor; clicks refused without the interactive predictor."""
+    from paddle_sam.predict.sam3.predictor import PromptNotSupported, Sam3Predictor
+
+    neg = [70.0, 5.0, 85.0, 20.0]
+    state = expected_state(processor, "a yellow box", [BOX], [neg], 0.0)
+    order = np.argsort(-state["scores"].numpy(), kind="stable")
+    own = Sam3Processor(processor.model, resolution=TINY.image_size, confidence_threshold=0.0)
+    for predictor in (
+        Sam3Predictor(processor.model, confidence_threshold=0.0),
+        Sam3Predictor(processor=own),
+    ):
+        assert predictor.confidence_threshold == 0.0
+        predictor.set_image(_test_image())
+        found = predictor.ground("a yellow box", [BOX, neg], [True, False])
+        np.testing.assert_array_equal(found.masks, state["masks"].numpy()[order, 0])
+        np.testing.assert_array_equal(found.scores, state["scores"].numpy()[order])
+        np.testing.assert_array_equal(found.boxes, state["boxes"].numpy()[order])
+        assert found.low_res_logits.shape[0] == len(found.scores) == TINY.num_queries
+        masks, scores, low_res = predictor.predict(text="a yellow box", box=np.array(BOX))
+        single = predictor.ground("a yellow box", [BOX])
+        np.testing.assert_array_equal(masks, single.masks)
+        np.testing.assert_array_equal(scores, single.scores)
+        np.testing.assert_array_equal(low_res, single.low_res_logits)
+        with pytest.raises(ValueError, match="2 boxes but 1 box labels"):
+            predictor.ground("a", [BOX, neg], [True])
+        with pytest.raises(PromptNotSupported, match="point prompts need"):
+            predictor.predict(np.array([[5.0, 5.0]]), np.array([1]))
+    with pytest.raises(TypeError, match="exactly one"):
+        Sam3Predictor(processor.model, processor=own)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        Sam3Predictor(processor=own, confidence_threshold=1.0)

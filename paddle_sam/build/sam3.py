@@ -14,7 +14,7 @@ import paddle
 
 from ..convert import sam3_hf
 from ..convert.checkpoint import read_sam3_weights
-from ..convert.core import load_state_strict, read_sidecar
+from ..convert.core import load_state_strict, read_sidecar, sidecar_spec
 from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model
 from ..models.sam3.sam3_image import Sam3Image
 from ..predict.sam3.predictor import Sam3Predictor
@@ -84,7 +84,7 @@ def load_sam3(
     meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
     if meta.get("model_type", "sam3") != "sam3":
         raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
-    spec = Sam3Spec.from_dict(meta["spec"]) if "spec" in meta else SAM3_SPEC
+    spec = sidecar_spec(checkpoint, meta, Sam3Spec) if "spec" in meta else SAM3_SPEC
     return build_sam3_image_model(
         bpe_path=bpe_path,
         checkpoint_path=checkpoint,
@@ -97,11 +97,13 @@ def load_sam3_predictor(
     checkpoint: str | os.PathLike,
     bpe_path: str | os.PathLike | None = None,
     confidence_threshold: float = 0.5,
+    interactive: bool | None = None,
 ) -> Sam3Predictor:
     """The SAM 3 image model from ``sam3.pt`` or a converted ``.pdparams`` (sizes from its
-    sidecar), with the interactive predictor for clicks unless the file was converted without
-    the tracker's weights."""
-    interactive = (read_sidecar(checkpoint) or {}).get("interactive", True) is not False
+    sidecar) as a ``Sam3Predictor``. ``interactive``: build the interactive predictor for
+    clicks; by default unless the file was converted without the tracker's weights."""
+    if interactive is None:
+        interactive = (read_sidecar(checkpoint) or {}).get("interactive", True) is not False
     model = load_sam3(checkpoint, bpe_path=bpe_path, enable_inst_interactivity=interactive)
     return Sam3Predictor(model, confidence_threshold=confidence_threshold)
 

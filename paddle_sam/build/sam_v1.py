@@ -11,7 +11,13 @@ import os
 from pathlib import Path
 
 from ..convert.checkpoint import read_sam_v1_weights, resolve_spec
-from ..convert.core import PADDLE_SUFFIX, load_state_strict, read_sidecar, sidecar_path
+from ..convert.core import (
+    PADDLE_SUFFIX,
+    load_state_strict,
+    read_sidecar,
+    sidecar_path,
+    sidecar_spec,
+)
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
 from ..models.sam_v1.sam import Sam
 
@@ -51,7 +57,7 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
             "build_sam3_image_model(checkpoint_path=...)"
         )
     if meta is not None and "spec" in meta:
-        spec = SamSpec.from_dict(meta["spec"])
+        spec = sidecar_spec(checkpoint, meta, SamSpec)
         if model_type not in (None, meta.get("model_type")):
             raise ValueError(
                 f"--model-type {model_type} does not match {checkpoint}, converted as "

@@ -12,14 +12,18 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import paddle
 from tqdm import tqdm
 
+from ..models.common import Spec
+
 CONVERTER_VERSION = "1"
 PADDLE_SUFFIX = ".pdparams"
+
+SpecT = TypeVar("SpecT", bound=Spec)
 
 
 class CheckpointError(ValueError):
@@ -162,6 +166,15 @@ def read_sidecar(path: str | os.PathLike) -> dict | None:
     if not isinstance(meta, dict):
         raise CheckpointFormatError(f"sidecar {side} must hold a JSON object")
     return meta
+
+
+def sidecar_spec(path: str | os.PathLike, meta: dict, spec_cls: type[SpecT]) -> SpecT:
+    """The model spec in the sidecar ``meta`` of ``path`` as a ``spec_cls``; a bad one is a
+    :class:`CheckpointFormatError` naming the sidecar."""
+    try:
+        return spec_cls.from_dict(meta["spec"])
+    except ValueError as exc:
+        raise CheckpointFormatError(f"sidecar {sidecar_path(path)}: {exc}") from exc
 
 
 def sidecar_meta(

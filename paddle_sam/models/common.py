@@ -198,11 +198,23 @@ class Spec:
         if not isinstance(d, dict):
             raise ValueError(f"a {cls.__name__} must be a JSON object, got {type(d).__name__}")
         d = {cls.RENAMED.get(k, k): v for k, v in d.items()}
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(d) - names)
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        unknown = sorted(set(d) - {f.name for f in fields})
         if unknown:
             raise ValueError(f"unknown {cls.__name__} fields: {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        missing = [
+            f.name
+            for f in fields
+            if f.name not in d
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise ValueError(f"missing {cls.__name__} fields: {missing}")
+        try:
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        except TypeError as exc:  # a value of the wrong kind, e.g. text for a size
+            raise ValueError(f"bad {cls.__name__} values: {exc}") from exc
 
     def _check_positive(self, *names: str) -> None:
         bad = [f"{n}={getattr(self, n)!r}" for n in names if not getattr(self, n) > 0]

@@ -514,6 +514,9 @@ class Trainer:
             raise FileNotFoundError(f"--resume: no complete checkpoint in {self.out}/checkpoints")
         d = ckpts[-1]
         meta = json.loads((d / "trainer.json").read_text())
+        missing = sorted({"spec", "step", "scheduler"} - set(meta))
+        if missing:
+            raise ValueError(f"--resume: {d / 'trainer.json'} lacks {', '.join(missing)}")
         if SamSpec.from_dict(meta["spec"]) != self.spec:
             raise ValueError(f"--resume: {d} holds a different model size than the config")
         self.sam.set_state_dict(paddle.load(str(d / "model.pdparams")))

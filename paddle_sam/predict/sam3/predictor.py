@@ -1,5 +1,6 @@
-"""SAM 3 as an interactive predictor: text and exemplar-box prompts through ``Sam3Processor``,
-clicks through ``predict_inst``; what the CLI's ``segment`` and the service run.
+"""SAM 3 as an interactive predictor: text and exemplar-box prompts through ``Sam3Processor``
+(or the exported runtime's ``StaticSam3Processor``), clicks through ``predict_inst``; what the
+CLI's ``segment`` and the service run.
 
 ``Sam3Predictor`` gives a SAM 3 image model the interface ``ModelService`` drives:
 ``set_image`` runs the backbone once and leaves the features in ``image_state`` (the session
@@ -20,18 +21,20 @@ What a request does:
 
 A grounding answer is ``(masks K x H x W bool, scores K, low_res_logits K x h x w)``, instances
 best first; ``K`` may be 0, and ``multimask_output`` is ignored. An interactive answer is
-``SamPredictor.predict``'s: 3 candidates (or 1) with their predicted IoU.
+``SamPredictor.predict``'s: 3 candidates (or 1) with their predicted IoU. ``ground`` takes
+several exemplar boxes, each positive or negative, and also returns the instances' boxes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .processor import Sam3Processor
+from .processor import Sam3Processor, Sam3ProcessorBase
 
 
 class PromptNotSupported(ValueError):
@@ -57,24 +60,45 @@ POINTS_WITH_TEXT = (
 )
 
 
-class _Capture:
-    """The model as ``Sam3Processor`` sees it, keeping the raw output of the last grounding
-    (its low-resolution mask logits are the answer's ``low_res_logits``)."""
+def xyxy_to_cxcywh(box: Sequence[float] | np.ndarray, height: int, width: int) -> list[float]:
+    """A box in pixels ``(x0, y0, x1, y1)`` -> ``(cx, cy, w, h)`` normalised by the image size,
+    as ``Sam3Processor.add_geometric_prompt`` takes it."""
+    x0, y0, x1, y1 = (float(v) for v in np.asarray(box, dtype=np.float64).reshape(4))
+    return [(x0 + x1) / 2 / width, (y0 + y1) / 2 / height, (x1 - x0) / width, (y1 - y0) / height]
 
-    def __init__(self, model: Any) -> None:
-        self._model = model
+
+class Instances(NamedTuple):
+    """A grounding answer, best score first."""
+
+    masks: np.ndarray  # K x H x W bool
+    scores: np.ndarray  # K
+    boxes: np.ndarray  # K x 4, x0 y0 x1 y1 pixels
+    low_res_logits: np.ndarray  # K x h x w float32
+
+
+class _HeadsCapture:
+    """Stands in for a processor's ``_run_heads``, keeping the raw output of the last
+    grounding (its low-resolution mask logits are the answer's ``low_res_logits``)."""
+
+    def __init__(self, processor: Sam3ProcessorBase) -> None:
+        self._run_heads = processor._run_heads
         self.last: dict[str, Any] | None = None
+        processor._run_heads = self
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def forward_grounding(self, **kwargs) -> dict[str, Any]:
-        self.last = self._model.forward_grounding(**kwargs)
+    def __call__(self, state: dict) -> dict[str, Any]:
+        self.last = self._run_heads(state)
         return self.last
 
 
 class Sam3Predictor:
-    """A SAM 3 image model (``Sam3Image``) as the service's predictor: text and box prompts."""
+    """A SAM 3 image model (``Sam3Image``) as the service's predictor: text and box prompts,
+    and clicks when the model has the interactive predictor.
+
+    ``Sam3Predictor(model)`` builds its ``Sam3Processor``; ``Sam3Predictor(processor=p)`` wraps
+    a processor with ``Sam3Processor``'s API, e.g. the exported runtime's
+    ``StaticSam3Processor`` (text and boxes only). ``confidence_threshold``: default 0.5 for a
+    model, the processor's own for a processor.
+    """
 
     takes_text = True
     mask_refusal = MASK_REFUSED
@@ -88,19 +112,31 @@ class Sam3Predictor:
 
     def __init__(
         self,
-        model: Any,
-        confidence_threshold: float = 0.5,
+        model: Any = None,
+        confidence_threshold: float | None = None,
         resolution: int | None = None,
+        *,
+        processor: Sam3ProcessorBase | None = None,
     ) -> None:
+        if (model is None) == (processor is None):
+            raise TypeError("Sam3Predictor takes a model or a processor (exactly one)")
+        if processor is not None and resolution is not None:
+            raise TypeError("a processor has its own resolution")
+        if confidence_threshold is None:
+            confidence_threshold = 0.5 if processor is None else processor.confidence_threshold
         if not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        if processor is None:
+            if resolution is None:  # the trunk's input size (1008 for the released model)
+                resolution = int(getattr(model.backbone.vision_backbone.trunk, "img_size", 1008))
+            processor = Sam3Processor(
+                model, resolution=resolution, confidence_threshold=confidence_threshold
+            )
+        else:
+            processor.set_confidence_threshold(confidence_threshold)
         self.model = model
-        self._capture = _Capture(model)
-        if resolution is None:  # the trunk's input size (1008 for the released model)
-            resolution = int(getattr(model.backbone.vision_backbone.trunk, "img_size", 1008))
-        self.processor = Sam3Processor(
-            self._capture, resolution=resolution, confidence_threshold=confidence_threshold
-        )
+        self.processor = processor
+        self._heads = _HeadsCapture(processor)
         self.image_state: dict[str, Any] | None = None
         self.is_image_set = False
 
@@ -172,25 +208,44 @@ class Sam3Predictor:
                 multimask_output=multimask_output,
             )
             return masks > 0.5, ious.astype(np.float32), low_res.astype(np.float32)
-        if text is None and box is None:
-            raise ValueError("SAM 3 needs a text prompt, a box, or both")
-        state = self._private_state()
-        h, w = state["original_height"], state["original_width"]
-        self._capture.last = None
-        if text is not None:
-            state = self.processor.set_text_prompt(text, state)
+        boxes = []
         if box is not None:
             x0, y0, x1, y1 = (float(v) for v in np.asarray(box, dtype=np.float64).reshape(4))
             if not (x1 > x0 and y1 > y0):
                 raise ValueError(f"box must have x1 > x0 and y1 > y0, got {[x0, y0, x1, y1]}")
-            cxcywh = [(x0 + x1) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h]
-            state = self.processor.add_geometric_prompt(cxcywh, True, state)
+            boxes.append([x0, y0, x1, y1])
+        found = self.ground(text, boxes)
+        return found.masks, found.scores.astype(np.float32), found.low_res_logits
+
+    @paddle.no_grad()
+    def ground(
+        self,
+        text: str | None = None,
+        boxes: Sequence[Sequence[float]] | np.ndarray = (),
+        box_labels: Sequence[bool] | None = None,
+    ) -> Instances:
+        """Every instance of ``text`` and/or the exemplar ``boxes`` (x0, y0, x1, y1 pixels;
+        ``box_labels``: True = positive, the default, False = a counter-example), prompted in
+        that order: the text, then the boxes."""
+        labels = [True] * len(boxes) if box_labels is None else [bool(v) for v in box_labels]
+        if len(labels) != len(boxes):
+            raise ValueError(f"{len(boxes)} boxes but {len(labels)} box labels")
+        if text is None and len(boxes) == 0:
+            raise ValueError("SAM 3 needs a text prompt, a box, or both")
+        state = self._private_state()
+        h, w = state["original_height"], state["original_width"]
+        self._heads.last = None
+        if text is not None:
+            state = self.processor.set_text_prompt(text, state)
+        for b, label in zip(boxes, labels, strict=True):
+            state = self.processor.add_geometric_prompt(xyxy_to_cxcywh(b, h, w), label, state)
         return self._answer(state)
 
-    def _answer(self, state: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _answer(self, state: dict[str, Any]) -> Instances:
         masks = state["masks"].numpy()[:, 0]  # K x H x W
-        scores = state["scores"].numpy().astype(np.float32)
-        out = self._capture.last
+        scores = state["scores"].numpy()
+        boxes = state["boxes"].numpy()
+        out = self._heads.last
         # the kept queries, in the processor's order (ascending query index)
         probs = F.sigmoid(out["pred_logits"]) * F.sigmoid(out["presence_logit_dec"]).unsqueeze(1)
         keep = np.nonzero(probs.squeeze(-1).numpy()[0] > self.processor.confidence_threshold)[0]
@@ -198,7 +253,7 @@ class Sam3Predictor:
         if len(keep) != len(scores):
             raise RuntimeError("SAM 3 answer: kept queries disagree with the processor's")
         order = np.argsort(-scores, kind="stable")  # best first
-        return masks[order], scores[order], low_res[order]
+        return Instances(masks[order], scores[order], boxes[order], low_res[order])
 
 
-__all__ = ["PromptNotSupported", "Sam3Predictor"]
+__all__ = ["Instances", "PromptNotSupported", "Sam3Predictor", "xyxy_to_cxcywh"]

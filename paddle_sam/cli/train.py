@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from .common import add_model_args, load_model
 
-def cmd_train(args) -> int:
+
+def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "PADDLE_TRAINER_ID" not in os.environ:
         return _launch(args)
-    from .config import load_config
-    from .trainer import Trainer
+    from ..train.config import load_config
+    from ..train.trainer import Trainer
 
     cfg = load_config(args.config, args.set)
     import yaml
@@ -39,9 +42,10 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _launch(args) -> int:
-    """Re-run this command under ``python -m paddle.distributed.launch`` (gloo on CPU)."""
-    from .config import load_config
+def _launch(args: argparse.Namespace) -> int:
+    """Re-run this command under ``python -m paddle.distributed.launch`` (gloo on CPU), each
+    process running ``launch_entry.py`` next to this file."""
+    from ..train.config import load_config
 
     cfg = load_config(args.config, args.set)  # fail fast, before starting processes
     entry = Path(__file__).resolve().parent / "launch_entry.py"
@@ -78,10 +82,9 @@ def _launch(args) -> int:
     return subprocess.call(cmd, env=env)
 
 
-def cmd_eval(args) -> int:
-    from ..cli import _load_model
-    from .data import SkipLog, open_dataset
-    from .evaluate import evaluate
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..train.data import SkipLog, open_dataset
+    from ..train.evaluate import evaluate
 
     skips = SkipLog()
     spec = {"format": args.format, "path": args.data, "images": args.images}
@@ -90,7 +93,7 @@ def cmd_eval(args) -> int:
     elif args.data is None:
         raise ValueError(f"a {args.format} dataset needs --data PATH")
     dataset = open_dataset(spec, skips)
-    sam = _load_model(args)
+    sam = load_model(args)
     result = evaluate(sam, dataset, args.num_images, progress=not args.quiet)
     result["skipped"] = skips.summary()
     result["checkpoint"] = str(args.checkpoint) if args.checkpoint else "default synthetic model"
@@ -107,8 +110,8 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_synth(args) -> int:
-    from .synthetic import write_dataset
+def cmd_synth(args: argparse.Namespace) -> int:
+    from ..train.synthetic import write_dataset
 
     sizes = [[int(v) for v in s.lower().split("x")] for s in args.size] if args.size else None
     out = write_dataset(
@@ -118,7 +121,7 @@ def cmd_synth(args) -> int:
     return 0
 
 
-def add_parser(sub, model_args) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register train, eval and synth on the ``paddle-sam`` subparsers."""
     t = sub.add_parser("train", help="fine-tune or train a SAM model from a YAML config")
     t.add_argument("config", help="YAML run config (see configs/)")
@@ -153,7 +156,7 @@ def add_parser(sub, model_args) -> None:
     e.add_argument("--json", default=None, help="also write the result to this JSON file")
     e.add_argument("--overwrite", action="store_true")
     e.add_argument("--quiet", action="store_true")
-    model_args(e)
+    add_model_args(e)
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("synth", help="write a synthetic segmentation dataset (coco, sa1b, folder)")

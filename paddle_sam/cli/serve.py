@@ -7,31 +7,25 @@ import errno
 import ipaddress
 import socket
 import sys
-from collections.abc import Callable
 
-from .config import (
+from ..serve.config import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_UPLOAD_MB,
     DEFAULT_MEMORY_BUDGET_MB,
     DEFAULT_SESSION_TTL_S,
 )
+from .common import (
+    add_model_args,
+    check_one_source,
+    family,
+    load_model,
+    parse_confidence_threshold,
+    positive,
+)
 
 
-def _positive(kind: type) -> Callable[[str], float | int]:
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return v
-
-    return parse
-
-
-def add_parser(sub, model_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register ``serve`` on the subcommand set of ``paddle-sam``."""
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``serve``."""
     s = sub.add_parser(
         "serve",
         help="web page and HTTP API for interactive segmentation (loopback by default)",
@@ -48,37 +42,32 @@ def add_parser(sub, model_args: Callable[[argparse.ArgumentParser], None]) -> No
     )
     s.add_argument(
         "--memory-budget-mb",
-        type=_positive(float),
+        type=positive(float),
         default=DEFAULT_MEMORY_BUDGET_MB,
         help="bytes all sessions may hold (images, embeddings, last answers); least recently "
         "used sessions are evicted beyond it (default: %(default)s)",
     )
     s.add_argument(
         "--max-image-pixels",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_MAX_IMAGE_PIXELS,
         help="refuse larger uploads (default: %(default)s)",
     )
     s.add_argument(
         "--max-upload-mb",
-        type=_positive(float),
+        type=positive(float),
         default=DEFAULT_MAX_UPLOAD_MB,
         help="refuse larger files (default: %(default)s)",
     )
     s.add_argument(
         "--session-ttl",
-        type=_positive(float),
+        type=positive(float),
         default=DEFAULT_SESSION_TTL_S,
         metavar="SECONDS",
         help="drop sessions idle this long (default: %(default)s)",
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    model_args(s)
-    # SAM 3 joins the model types here (segment, everything and export are SAM v1 only)
-    for action in s._actions:
-        if action.dest == "model_type" and action.choices is not None:
-            action.choices = [*action.choices, "sam3"]
-            action.help = "sam3: SAM 3 (text and box prompts); default: from the checkpoint"
+    add_model_args(s, families=("sam_v1", "sam3"))
     s.add_argument(
         "--bpe",
         default=None,
@@ -87,17 +76,17 @@ def add_parser(sub, model_args: Callable[[argparse.ArgumentParser], None]) -> No
     )
     s.add_argument(
         "--confidence-threshold",
-        type=float,
+        type=parse_confidence_threshold,
         default=0.5,
-        help="SAM 3 only: keep instances scoring above this (default: %(default)s)",
+        help="SAM 3 only: keep instances scoring above this, in [0, 1) (default: %(default)s)",
     )
     s.set_defaults(func=cmd_serve)
 
 
 def _check_port(host: str, port: int) -> None:
     """A clear error for a taken port, before the slow model load."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
+    address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(address_family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
@@ -107,11 +96,10 @@ def _check_port(host: str, port: int) -> None:
             raise ValueError(f"cannot bind {host}:{port}: {exc.strerror or exc}") from None
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..cli import _load_model
-    from .app import create_app
+    from ..serve import create_app
 
     _check_port(args.host, args.port)
     try:
@@ -124,7 +112,7 @@ def cmd_serve(args) -> int:
             "authentication; anyone who can reach this address can use it",
             file=sys.stderr,
         )
-    sam3 = args.model_type == "sam3"
+    sam3 = family(args) == "sam3"
     if not sam3 and (args.bpe is not None or args.confidence_threshold != 0.5):
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
     if sam3:
@@ -134,19 +122,14 @@ def cmd_serve(args) -> int:
             raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
         if args.checkpoint is None:
             raise ValueError("--model-type sam3 needs --checkpoint (sam3.pt or a .pdparams)")
-        if not 0.0 <= args.confidence_threshold < 1.0:
-            raise ValueError(
-                f"--confidence-threshold must be in [0, 1), got {args.confidence_threshold}"
-            )
         model = load_sam3_predictor(args.checkpoint, args.bpe, args.confidence_threshold)
     elif args.exported is not None:
         from ..deploy import StaticSamPredictor
 
-        if args.checkpoint is not None:
-            raise ValueError("give either --checkpoint or --exported, not both")
+        check_one_source(args)
         model = StaticSamPredictor(args.exported)
     else:
-        model = _load_model(args)
+        model = load_model(args)
     app = create_app(
         model,
         model_type=args.model_type,

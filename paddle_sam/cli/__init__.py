@@ -1,0 +1,64 @@
+"""``paddle-sam``: convert, segment, everything, align, export, serve, train, eval, synth.
+
+Run ``paddle-sam COMMAND --help`` for each command's options. Errors in what the user gave
+(files, prompts, arguments) print one line naming the problem and exit with status 2; any
+other exception is a bug and propagates with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from . import align, convert, everything, export, segment, serve, train
+from .common import DEFAULT_MODEL
+
+# what the user gave is wrong: a value (CheckpointError and the other errors of files' contents
+# are ValueErrors), or a path (missing, existing, a folder, not a folder, not permitted)
+USER_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+
+
+def missing_extra(exc: ImportError) -> bool:
+    """An optional dependency is not installed: a module outside paddle-sam not found, or
+    our own ImportError saying which extra to install (it names no module)."""
+    if isinstance(exc, ModuleNotFoundError):
+        return not (exc.name or "paddle_sam").startswith("paddle_sam")
+    return exc.name is None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="paddle-sam", description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    sub = p.add_subparsers(dest="command", required=True)
+    for command in (convert, segment, export, everything, align, serve, train):
+        command.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .._runtime import set_num_threads
+
+    try:
+        if args.threads is not None:
+            set_num_threads(args.threads)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return args.func(args)
+    except (*USER_ERRORS, ImportError) as exc:
+        if isinstance(exc, ImportError) and not missing_extra(exc):
+            raise
+        print(f"paddle-sam {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["DEFAULT_MODEL", "USER_ERRORS", "build_parser", "main"]

@@ -1,0 +1,216 @@
+"""What the commands share: model options and loading, the model family, prompt parsing and
+checks, output folders, the SAM 3 confidence threshold and the runtimes of export folders."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..build.sam_v1 import DEFAULT_MODEL
+from ..models.sam_v1.build_sam import SAM_SPECS
+
+# -- models ------------------------------------------------------------------------------
+
+
+def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("sam_v1",)) -> None:
+    """--checkpoint and --model-type, whose choices are the model types of ``families``."""
+    types = sorted(SAM_SPECS) if "sam_v1" in families else []
+    types += ["sam3"] if "sam3" in families else []
+    parser.add_argument(
+        "--checkpoint", default=None, help="converted .pdparams (or an official file)"
+    )
+    parser.add_argument(
+        "--model-type",
+        choices=types,
+        default=None,
+        help="default: from the checkpoint's sidecar or its weights",
+    )
+
+
+def load_model(args: argparse.Namespace) -> Any:
+    """The SAM v1 model of --checkpoint, or the bundled default synthetic model (with a
+    notice)."""
+    from ..build.sam_v1 import load_sam
+
+    if args.checkpoint is None:
+        if args.model_type not in (None, "vit_tiny_synthetic"):
+            raise ValueError(
+                f"--model-type {args.model_type} needs --checkpoint FILE (converted official "
+                "weights: 'paddle-sam convert'); only the default synthetic model is bundled"
+            )
+        print(
+            f"note: no --checkpoint given, using the default synthetic model "
+            f"({DEFAULT_MODEL.name}, a small SAM trained on generated shapes only; real "
+            "images need converted official weights: paddle-sam convert)",
+            file=sys.stderr,
+        )
+        return load_sam(DEFAULT_MODEL)
+    return load_sam(args.checkpoint, args.model_type)
+
+
+def family(args: argparse.Namespace) -> str:
+    """``"sam_v1"`` or ``"sam3"``: from --model-type, else from the --exported folder's
+    manifest, else from the checkpoint (a missing file is left to the loader's error), else
+    (a file that cannot tell cheaply) from the prompts: --text means SAM 3."""
+    model_type = getattr(args, "model_type", None)
+    if model_type is not None:
+        return "sam3" if model_type == "sam3" else "sam_v1"
+    exported = getattr(args, "exported", None)
+    if exported is not None:
+        from ..deploy.sam_v1 import peek_format
+        from ..export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
+
+        if not Path(exported).is_dir():
+            raise FileNotFoundError(f"export folder not found: {exported}")
+        return "sam3" if peek_format(exported) == SAM3_FORMAT else "sam_v1"
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint is not None and Path(checkpoint).is_file():
+        from ..convert.checkpoint import detect_family
+
+        found = detect_family(checkpoint)
+        if found is not None:
+            return found
+    return "sam3" if getattr(args, "text", None) is not None else "sam_v1"
+
+
+def exported_predictor(
+    export_dir: str | Path, confidence_threshold: float = 0.5, bpe: str | None = None
+) -> Any:
+    """The runtime of an export folder: SAM v1 on Paddle Inference (onnxruntime for an ONNX
+    export); SAM 3 a ``Sam3Predictor`` over the exported programs (text and boxes), with
+    ``confidence_threshold`` and the BPE vocabulary ``bpe``."""
+    from ..deploy.sam_v1 import StaticSamPredictor, peek_format
+    from ..export.onnx import ONNX_FORMAT
+    from ..export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
+
+    kind = peek_format(export_dir)
+    if kind == SAM3_FORMAT:
+        from ..deploy.sam3 import StaticSam3Processor
+        from ..predict.sam3.predictor import Sam3Predictor
+
+        processor = StaticSam3Processor(
+            export_dir, confidence_threshold=confidence_threshold, bpe_path=bpe
+        )
+        return Sam3Predictor(processor=processor)
+    if kind == ONNX_FORMAT:
+        from ..deploy.onnx import OnnxSamPredictor
+
+        return OnnxSamPredictor(export_dir)
+    return StaticSamPredictor(export_dir)  # with its own clear errors for anything else
+
+
+def check_one_source(args: argparse.Namespace) -> None:
+    """--checkpoint and --exported exclude each other."""
+    if args.exported is not None and args.checkpoint is not None:
+        raise ValueError("give either --checkpoint or --exported, not both")
+
+
+# -- prompts -----------------------------------------------------------------------------
+
+
+def parse_floats(text: str, n: tuple[int, ...], what: str) -> list[float]:
+    """``"1,2.5,3"`` -> floats, ``len`` one of ``n``; ``what`` names the option in errors."""
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{what} must be numbers separated by commas: {text!r}"
+        ) from None
+    if len(vals) not in n:
+        raise argparse.ArgumentTypeError(
+            f"{what} needs {' or '.join(map(str, n))} values: {text!r}"
+        )
+    return vals
+
+
+def parse_point(text: str) -> list[float]:
+    """--point X,Y[,LABEL] -> ``[x, y, label]`` (label 1 unless given)."""
+    vals = parse_floats(text, (2, 3), "--point X,Y[,LABEL]")
+    if len(vals) == 3 and vals[2] not in (0.0, 1.0):
+        raise argparse.ArgumentTypeError(
+            f"point label must be 1 (foreground) or 0 (background): {text!r}"
+        )
+    return vals if len(vals) == 3 else vals + [1.0]
+
+
+def parse_box(text: str) -> list[float]:
+    """--box X0,Y0,X1,Y1 -> ``[x0, y0, x1, y1]``."""
+    vals = parse_floats(text, (4,), "--box X0,Y0,X1,Y1")
+    if vals[2] < vals[0] or vals[3] < vals[1]:
+        raise argparse.ArgumentTypeError(f"box needs x0 <= x1 and y0 <= y1: {text!r}")
+    return vals
+
+
+def _number(text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a number of ``kind`` above 0."""
+
+    def parse(text: str) -> int | float:
+        value = _number(text, kind)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def parse_confidence_threshold(text: str) -> float:
+    """--confidence-threshold of ``segment`` and ``serve``: SAM 3 keeps the instances scoring
+    above it, so it lies in [0, 1)."""
+    value = _number(text, float)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"must lie in [0, 1) (instances scoring above it are kept), got {text}"
+        )
+    return value
+
+
+def check_prompts(
+    points: list[list[float]], box: list[float] | list[list[float]] | None, image: np.ndarray
+) -> None:
+    """Prompts must lie inside the image; checked before the (slow) model is loaded.
+    ``box``: one box, several, or None."""
+    h, w = image.shape[:2]
+    boxes = [] if box is None or len(box) == 0 else [box] if np.ndim(box) == 1 else list(box)
+    corners = [("--box corner", xy) for b in boxes for xy in (b[:2], b[2:])]
+    for name, xy in [("--point", p[:2]) for p in points] + corners:
+        if not (0 <= xy[0] <= w and 0 <= xy[1] <= h):
+            raise ValueError(
+                f"{name} ({xy[0]:g}, {xy[1]:g}) lies outside the image (width {w}, height {h})"
+            )
+
+
+# -- outputs -----------------------------------------------------------------------------
+
+
+def prepare_out(out: Path, names: list[str], overwrite: bool) -> None:
+    """Refuse to replace existing outputs; the folder itself is made when writing."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"output {out} exists and is not a folder")
+    clash = [n for n in names if (out / n).exists()]
+    if clash and not overwrite:
+        raise FileExistsError(
+            f"{out} already has {', '.join(clash)}; pass --overwrite to replace them"
+        )
+
+
+def write_masks(out: Path, masks: Iterable[np.ndarray]) -> None:
+    """One PNG per mask, ``out/masks/0000.png`` on; masks of an overwritten run are removed."""
+    from ..predict.io import save_mask_png
+
+    (out / "masks").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "masks").glob("[0-9][0-9][0-9][0-9].png"):
+        stale.unlink()
+    for i, mask in enumerate(masks):
+        save_mask_png(mask, out / "masks" / f"{i:04d}.png")

@@ -1,0 +1,310 @@
+"""``paddle-sam segment``: SAM v1 (and SAM 3 clicks) segment one object from points and/or a
+box; SAM 3 finds every instance of a concept from --text and/or exemplar boxes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import (
+    DEFAULT_MODEL,
+    add_model_args,
+    check_one_source,
+    check_prompts,
+    exported_predictor,
+    family,
+    load_model,
+    parse_box,
+    parse_confidence_threshold,
+    parse_point,
+    prepare_out,
+    write_masks,
+)
+
+NO_SAM3_CHECKPOINT = (
+    "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
+    "and pass --checkpoint FILE"
+)
+
+
+def cmd_segment(args: argparse.Namespace) -> int:
+    from ..predict.io import load_image, overlay, save_mask_png
+    from ..predict.sam_v1.predictor import SamPredictor
+
+    if args.checkpoint is not None and not Path(args.checkpoint).is_file():
+        raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
+    kind = family(args)
+    if kind == "sam3" and not args.point:
+        return _segment_sam3(args)
+    if kind == "sam3":  # clicks: the interactive predictor (predict_inst)
+        _check_sam3_clicks(args)
+    elif args.text is not None:
+        raise ValueError(
+            "--text needs a SAM 3 model (--model-type sam3 and a SAM 3 checkpoint); SAM v1 "
+            "models take --point and --box"
+        )
+    for flag, given in (
+        ("--negative-box", args.negative_box),
+        ("--confidence-threshold", args.confidence_threshold is not None),
+        ("--bpe", args.bpe and kind != "sam3"),
+    ):
+        if given:
+            raise ValueError(f"{flag} is for SAM 3 models (with --text / --box)")
+    if len(args.box) > 1:
+        what = "SAM v1 model" if kind == "sam_v1" else "SAM 3 model with --point"
+        raise ValueError(f"a {what} takes one --box, got {len(args.box)}")
+    args.box = args.box[0] if args.box else None
+    if not args.point and args.box is None:
+        raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
+    image = load_image(args.image)
+    check_prompts(args.point, args.box, image)
+    out = Path(args.output)
+    multimask = args.multimask
+    if multimask is None:  # upstream's advice: several masks for one ambiguous point
+        multimask = len(args.point) == 1 and args.box is None
+    names = ["mask.png", "overlay.png", "result.json"]
+    if multimask:
+        names += [f"mask_{i}.png" for i in range(3)]
+    prepare_out(out, names, args.overwrite)
+
+    if kind == "sam3":
+        from ..build.sam3 import load_sam3_predictor
+
+        predictor = load_sam3_predictor(args.checkpoint, args.bpe, interactive=True)
+    elif args.exported is not None:
+        check_one_source(args)
+        predictor = exported_predictor(args.exported)
+    else:
+        predictor = SamPredictor(load_model(args))
+    coords = np.array([p[:2] for p in args.point]) if args.point else None
+    labels = np.array([int(p[2]) for p in args.point]) if args.point else None
+    box = np.array(args.box) if args.box is not None else None
+    t = time.perf_counter()
+    predictor.set_image(image)
+    t_embed = time.perf_counter() - t
+    t = time.perf_counter()
+    masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=multimask)
+    t_decode = time.perf_counter() - t
+    best = int(np.argmax(scores))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.overwrite and not multimask:  # an overwritten multimask run's masks would linger
+        for i in range(3):
+            (out / f"mask_{i}.png").unlink(missing_ok=True)
+    save_mask_png(masks[best], out / "mask.png")
+    if multimask:
+        for i, m in enumerate(masks):
+            save_mask_png(m, out / f"mask_{i}.png")
+    overlay(
+        image, [masks[best]], points=coords, labels=labels, boxes=None if box is None else box[None]
+    ).save(out / "overlay.png")
+    result = {
+        "image": str(args.image),
+        "checkpoint": str(args.exported or args.checkpoint or DEFAULT_MODEL.name),
+        "prompts": {"points": args.point or [], "box": args.box},
+        "multimask_output": multimask,
+        "scores": [float(s) for s in scores],
+        "best": best,
+        "mask_area": int(masks[best].sum()),
+        "seconds": {"image_embedding": round(t_embed, 3), "decoder": round(t_decode, 4)},
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"mask (score {scores[best]:.3f}, {result['mask_area']} px) -> {out}/mask.png, "
+        f"overlay.png, result.json"
+    )
+    return 0
+
+
+def _check_sam3_clicks(args: argparse.Namespace) -> None:
+    """--point with a SAM 3 checkpoint: SAM v1 style clicks through ``predict_inst``, which
+    needs the tracker weights (``tracker.*`` of the released sam3.pt)."""
+    from ..convert.core import read_sidecar
+
+    if args.text is not None:
+        raise ValueError(
+            "--point and --text do not combine: with SAM 3, --point (and one --box) segments "
+            "one object like SAM v1; --text (and --box exemplars) finds every instance"
+        )
+    if args.exported is not None:
+        raise ValueError(
+            "--point with SAM 3 needs --checkpoint: a SAM 3 export holds the text / box "
+            "grounding programs only, not the interactive heads"
+        )
+    if args.checkpoint is None:
+        raise ValueError(NO_SAM3_CHECKPOINT)
+    meta = read_sidecar(args.checkpoint) or {}
+    if meta.get("interactive") is False:
+        raise ValueError(
+            f"--point with SAM 3 needs the tracker's prompt encoder and mask decoder "
+            f"(tracker.* in the released sam3.pt); {args.checkpoint} was converted from a file "
+            "without them. Use --text / --box, or convert the full sam3.pt"
+        )
+
+
+def _segment_sam3(args: argparse.Namespace) -> int:
+    """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
+    boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
+    from ..build.sam3 import load_sam3_predictor
+    from ..predict.io import coco_rle, load_image, overlay
+
+    check_one_source(args)
+    if args.multimask is not None:
+        raise ValueError("--multimask / --single-mask are for clicks (--point), not --text")
+    if args.text is None and not args.box:
+        raise ValueError("a SAM 3 model needs --text PHRASE and/or --box X0,Y0,X1,Y1")
+    if args.text is not None and not args.text.strip():
+        raise ValueError("--text is empty")
+    threshold = 0.5 if args.confidence_threshold is None else args.confidence_threshold
+    if args.bpe is not None and not Path(args.bpe).is_file():
+        raise FileNotFoundError(f"BPE vocabulary not found: {args.bpe}")
+    if args.checkpoint is None and args.exported is None:
+        raise ValueError(NO_SAM3_CHECKPOINT + " (or --exported DIR from 'paddle-sam export')")
+    image = load_image(args.image)
+    check_prompts([], args.box + args.negative_box, image)
+    out = Path(args.output)
+    prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
+
+    t = time.perf_counter()
+    if args.exported is not None:
+        predictor = exported_predictor(args.exported, threshold, args.bpe)
+    else:
+        predictor = load_sam3_predictor(args.checkpoint, args.bpe, threshold, interactive=False)
+    t_load = time.perf_counter() - t
+    t = time.perf_counter()
+    predictor.set_image(image)
+    t_embed = time.perf_counter() - t
+    h, w = image.shape[:2]
+    t = time.perf_counter()
+    labels = [True] * len(args.box) + [False] * len(args.negative_box)
+    found = predictor.ground(args.text, args.box + args.negative_box, labels)
+    t_heads = time.perf_counter() - t
+
+    write_masks(out, found.masks)
+    annotations = []
+    for i, (mask, box, score) in enumerate(
+        zip(found.masks, found.boxes, found.scores, strict=True)
+    ):
+        x0, y0, x1, y1 = (float(v) for v in box)
+        annotations.append(
+            {
+                "id": i,
+                "score": float(score),
+                "bbox": [x0, y0, x1 - x0, y1 - y0],  # COCO: x, y, width, height
+                "area": int(mask.sum()),
+                "segmentation": coco_rle(mask),
+            }
+        )
+    prompt_boxes = np.asarray(args.box + args.negative_box, dtype=np.float64).reshape(-1, 4)
+    overlay(
+        image,
+        list(found.masks),
+        boxes=np.concatenate([found.boxes, prompt_boxes]) if len(prompt_boxes) else found.boxes,
+        captions=[f"{s:.2f}" for s in found.scores]
+        + ["+" for _ in args.box]
+        + ["-" for _ in args.negative_box],
+    ).save(out / "overlay.png")
+    doc = {
+        "image": str(args.image),
+        "height": h,
+        "width": w,
+        "checkpoint": str(args.exported or args.checkpoint),
+        "model_type": "sam3",
+        "prompts": {
+            "text": args.text,
+            "boxes": args.box,
+            "negative_boxes": args.negative_box,
+        },
+        "confidence_threshold": threshold,
+        "annotations": annotations,
+        "seconds": {
+            "load": round(t_load, 3),
+            "image_embedding": round(t_embed, 3),
+            "prompt": round(t_heads, 4),
+        },
+    }
+    (out / "annotations.json").write_text(json.dumps(doc, indent=1) + "\n")
+    what = repr(args.text) if args.text is not None else f"{len(args.box)} exemplar box(es)"
+    print(
+        f"{len(annotations)} instance(s) of {what} above {threshold:g} -> {out}/masks/, "
+        "overlay.png, annotations.json (COCO RLE)"
+    )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``segment``."""
+    s = sub.add_parser(
+        "segment",
+        help="SAM v1: one object from points and/or a box; SAM 3: every instance of a "
+        "concept from --text and/or exemplar boxes",
+    )
+    s.add_argument("image")
+    s.add_argument(
+        "--text",
+        default=None,
+        metavar="PHRASE",
+        help="SAM 3: a noun phrase, e.g. 'a dog'; every instance is segmented",
+    )
+    s.add_argument(
+        "--point",
+        type=parse_point,
+        action="append",
+        default=[],
+        metavar="X,Y[,LABEL]",
+        help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background "
+        "(SAM v1, or a SAM 3 checkpoint with its tracker: predict_inst)",
+    )
+    s.add_argument(
+        "--box",
+        type=parse_box,
+        action="append",
+        default=[],
+        metavar="X0,Y0,X1,Y1",
+        help="a box in pixels; SAM v1: the object (one box); SAM 3: an exemplar of the "
+        "concept (repeatable)",
+    )
+    s.add_argument(
+        "--negative-box",
+        type=parse_box,
+        action="append",
+        default=[],
+        metavar="X0,Y0,X1,Y1",
+        help="SAM 3: a counter-example box (repeatable)",
+    )
+    s.add_argument(
+        "--confidence-threshold",
+        type=parse_confidence_threshold,
+        default=None,
+        help="SAM 3: keep instances scoring above this, in [0, 1) (default 0.5; 0 keeps "
+        "every query)",
+    )
+    s.add_argument(
+        "--bpe",
+        default=None,
+        metavar="PATH",
+        help="SAM 3: BPE vocabulary (default: the copy shipped with paddle-sam)",
+    )
+    mm = s.add_mutually_exclusive_group()
+    mm.add_argument(
+        "--multimask",
+        dest="multimask",
+        action="store_true",
+        default=None,
+        help="predict 3 masks and keep the best (default for a single point)",
+    )
+    mm.add_argument("--single-mask", dest="multimask", action="store_false")
+    s.add_argument("-o", "--output", required=True, help="output folder")
+    s.add_argument("--overwrite", action="store_true")
+    s.add_argument(
+        "--exported",
+        default=None,
+        metavar="DIR",
+        help="run a 'paddle-sam export' folder, SAM v1 or SAM 3 (Paddle Inference on the CPU, "
+        "or onnxruntime for --format onnx)",
+    )
+    add_model_args(s, families=("sam_v1", "sam3"))
+    s.set_defaults(func=cmd_segment)

@@ -1,0 +1,154 @@
+"""The package's shape, read from its source (AST): the parts import each other one way only,
+lazy imports inside functions included, and ``models/`` is a leaf that does no file I/O."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "paddle_sam"
+
+# the parts from the bottom up: each may import only parts listed before it
+LAYERS = [
+    {"_version", "_runtime"},
+    {"models"},
+    {"convert"},
+    {"predict"},
+    {"build", "export", "align"},
+    {"deploy", "train"},
+    {"serve"},
+    {"cli"},
+    {"__main__"},
+]
+RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+RANK["__init__"] = len(LAYERS)  # the drop-in API on top: nothing inside imports it
+
+# calls that read or write files; a model layer gets tensors, never paths
+FILE_IO_CALLS = {
+    "open",
+    "read_text",
+    "read_bytes",
+    "write_text",
+    "write_bytes",
+    "load",  # paddle.load, np.load, json.load, pickle.load
+    "save",  # paddle.save, np.save
+    "loadtxt",
+    "savetxt",
+    "fromfile",
+    "tofile",
+    "imread",
+    "imwrite",
+}
+
+
+def _module_name(path: Path) -> list[str]:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _part(dotted: list[str]) -> str:
+    """``paddle_sam.serve.app`` -> ``serve``; the package's own ``__init__`` -> ``__init__``."""
+    return dotted[1] if len(dotted) > 1 else "__init__"
+
+
+def _imports(path: Path):
+    """(line, imported paddle_sam module as a list of names) of every import in a file."""
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "paddle_sam":
+                    yield node.lineno, alias.name.split(".")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                base = base + (node.module.split(".") if node.module else [])
+            elif (node.module or "").split(".")[0] == "paddle_sam":
+                base = node.module.split(".")
+            else:
+                continue
+            if len(base) == 1:  # from paddle_sam import x: x may be a part
+                for alias in node.names:
+                    sub = PACKAGE / alias.name
+                    is_part = sub.is_dir() or sub.with_suffix(".py").is_file()
+                    yield node.lineno, base + ([alias.name] if is_part else [])
+            else:
+                yield node.lineno, base
+
+
+def _edges() -> dict[tuple[str, str], str]:
+    """``{(importer part, imported part): "file:line"}`` between different parts."""
+    edges: dict[tuple[str, str], str] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = _part(_module_name(path))
+        for line, target in _imports(path):
+            dst = _part(target)
+            if dst != src:
+                edges.setdefault((src, dst), f"{path.relative_to(PACKAGE.parent)}:{line}")
+    return edges
+
+
+def test_every_part_has_a_layer():
+    parts = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    missing = sorted(parts - set(RANK) - {"__init__"})
+    assert not missing, f"parts without a layer in LAYERS: {missing}"
+
+
+def test_parts_import_downwards_only():
+    upward = [
+        f"{where}: {src} imports {dst}"
+        for (src, dst), where in _edges().items()
+        if src != "__init__" and RANK[dst] >= RANK[src]
+    ]
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle_between_parts():
+    edges = _edges()
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges:
+        graph.setdefault(src, set()).add(dst)
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            n = todo.pop()
+            for m in graph.get(n, ()):
+                if m == b:
+                    return True
+                if m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return False
+
+    nodes = sorted(set(graph) | {d for v in graph.values() for d in v})
+    cycles = [
+        (a, b) for a, b in itertools.combinations(nodes, 2) if reaches(a, b) and reaches(b, a)
+    ]
+    assert not cycles, f"parts in an import cycle: {cycles}"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "models").rglob("*.py")), ids=lambda p: p.name)
+def test_models_are_a_leaf_without_file_io(path):
+    problems = []
+    for line, target in _imports(path):
+        if _part(target) != "models":
+            problems.append(f"line {line}: imports {'.'.join(target)}")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            if name in FILE_IO_CALLS:
+                problems.append(f"line {node.lineno}: calls {name}()")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for mod in mods:
+                if (mod or "").split(".")[0] in {"gzip", "pickle", "shutil", "tempfile", "zipfile"}:
+                    problems.append(f"line {node.lineno}: imports {mod}")
+    assert not problems, f"{path.relative_to(PACKAGE.parent)}:\n" + "\n".join(problems)
