@@ -7,7 +7,7 @@ same full-size random weights.
 
 The parent process has a worker write one set of weights: the official full-size image model
 built by sam3's builder, every Linear redrawn from N(0, 1/fan_in) and every tensor perturbed
-(as tests/test_full_size_sam3.py; upstream's bare init leaves the text encoder's
+(as tests/models/test_full_size_sam3.py; upstream's bare init leaves the text encoder's
 ``torch.empty`` tensors uninitialised), saved in the released layout (``{"model":
 {"detector.*": ...}}``) and converted to ``.pdparams`` with paddle_sam's converter, which
 ``static`` exports (``export_sam3``, its defaults). Then each
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # _sam3_ref (torch side)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers.sam3_ref (torch side)
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
@@ -158,11 +158,10 @@ def run_torch_worker(args) -> dict:
     from sam3.model.sam3_image_processor import Sam3Processor
 
     import_s = time.perf_counter() - t0
-    from _sam3_ref import (
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
+    from tests.helpers.sam3_ref import (
         cpu_patches,  # sam3 0.1.4's three CUDA-only spots (docs/design.md section 1)
     )
-
-    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -211,10 +210,10 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
         save_pdparams(state, pdparams, {"model_type": "sam3"})
     else:
         import torch
-        from _sam3_ref import cpu_patches, fan_in_init_, perturb_module_
         from sam3 import model_builder
 
         from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
+        from tests.helpers.sam3_ref import cpu_patches, fan_in_init_, perturb_module_
 
         with cpu_patches(), torch.no_grad():
             torch.manual_seed(v1.SEED)

@@ -2,8 +2,8 @@
 
 Builds the released-size vision backbone (PE ViT 1008 input, patch 14, dim 1024, depth 32,
 dual FPN neck) and text encoder (width 1024, 24 layers) with sam3's builder functions, draws
-unit-variance projections and perturbs every tensor (tests/_sam3_ref.py), converts the weights
-with our converter, runs both on one image / three captions and prints cosine, max and mean
+unit-variance projections and perturbs every tensor (tests/helpers/sam3_ref.py), converts the
+weights with our converter, runs both on one image / three captions and prints cosine, max and mean
 abs error per output, with the wall time of each forward. Minutes on 2 cores, ~10 GB RAM:
 run by hand, not part of the test suite::
 
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers
 
 
 def main() -> int:
@@ -35,7 +35,6 @@ def main() -> int:
     import numpy as np
     import paddle
     import torch
-    from _sam3_ref import cpu_patches, fan_in_init_, metrics, numpy_state_dict, perturb_module_
 
     from paddle_sam.convert.core import check_keys
     from paddle_sam.convert.sam3 import convert_tensors
@@ -44,6 +43,13 @@ def main() -> int:
     from paddle_sam.models.sam3.text_encoder import VETextEncoder
     from paddle_sam.models.sam3.vitdet import ViT
     from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer
+    from tests.helpers.sam3_ref import (
+        cpu_patches,
+        fan_in_init_,
+        metrics,
+        numpy_state_dict,
+        perturb_module_,
+    )
 
     torch.set_num_threads(args.threads)
     paddle_sam.set_num_threads(args.threads)

@@ -18,7 +18,7 @@ strict checks apply unchanged:
   encoder (:data:`FILLED`); its SAM 2 style tracker is not mapped (:data:`UNMAPPED_PREFIXES`).
 
 The rules below are written from the layout of transformers' ``Sam3Model`` (checked against it
-in ``tests/test_sam3_convert_hf.py``), not copied from its conversion script.
+in ``tests/convert/test_sam3_convert_hf.py``), not copied from its conversion script.
 """
 
 from __future__ import annotations

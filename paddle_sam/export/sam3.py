@@ -9,7 +9,8 @@ text features + boxes (1 x N x 4, normalised cx, cy, w, h; labels 1 x N; padding
 -> ``pred_logits`` (1 x Q x 1), ``pred_boxes`` (1 x Q x 4), ``presence_logit_dec`` (1 x 1),
 ``pred_masks`` (1 x Q x h0 x w0 low-res logits). The number of boxes is dynamic; "no box" is
 one padding box (mask True), which is exactly the dynamic model's empty prompt: a padded
-token is masked out of every attention and every pooling (tests/test_export_sam3.py checks it).
+token is masked out of every attention and every pooling (tests/export/test_export_sam3.py
+checks it).
 The vision position encoding is a constant of the grid: stored in the decoder program.
 Upscaling, sigmoid and thresholding stay in the runtime (``postprocess_grounding``, shared
 with ``Sam3Processor``).

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sam3_convert import TINY
 
 from paddle_sam import cli
 from paddle_sam.build.sam3 import build_sam3_image_model
@@ -21,6 +20,7 @@ from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert import sam3_hf
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, read_sam3_weights
 from paddle_sam.convert.core import CheckpointFormatError, CheckpointMismatchError, read_sidecar
+from tests.convert.test_sam3_convert import TINY
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _pairs import TINY, image
 
 from paddle_sam import SamPredictor, build_sam
+from tests.helpers.pairs import TINY, image
 
 
 @pytest.fixture(scope="module")

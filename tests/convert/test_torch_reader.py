@@ -178,7 +178,7 @@ def test_reader_does_not_import_torch(tmp_path: Path) -> None:
         f"assert float(load_state_dict({str(path)!r})['w'][0]) == 7.0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env, timeout=120)
 

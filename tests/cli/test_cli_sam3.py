@@ -10,22 +10,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pairs import TINY as SAM1_TINY
-from _sam3_ref import tiny_sam3_spec
 from PIL import Image
-from test_cli import _check_mask, _test_image, assert_user_error, run
 
 from paddle_sam.build.sam3 import load_sam3
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.predict.sam3.processor import Sam3Processor
+from tests.cli.test_cli import _check_mask, _test_image, assert_user_error, run
+from tests.helpers.pairs import TINY as SAM1_TINY
+from tests.helpers.sam3_ref import tiny_sam3_spec
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
 )
 
-# as tests/test_sam3_model.py: 112 px / patch 14 = 8x8 tokens, 12 queries
+# as tests/models/test_sam3_model.py: 112 px / patch 14 = 8x8 tokens, 12 queries
 TINY = tiny_sam3_spec()
 H, W = 60, 90
 BOX = [20.0, 15.0, 60.0, 45.0]  # the bright rectangle of the test image

@@ -16,14 +16,6 @@ pytest.importorskip("torch")
 pytest.importorskip("sam3")
 
 import torch  # noqa: E402
-from _sam3_ref import (  # noqa: E402
-    assert_close,
-    attention_path,
-    cpu_patches,
-    fan_in_init_,
-    numpy_state_dict,
-    perturb_module_,
-)
 
 from paddle_sam.convert.sam3 import convert_tensors  # noqa: E402
 from paddle_sam.convert.sam_v1 import check_keys  # noqa: E402
@@ -39,6 +31,14 @@ from paddle_sam.models.sam3.vitdet import (
 )
 from paddle_sam.models.sam3.vl_combiner import SAM3VLBackbone  # noqa: E402
 from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH, SimpleTokenizer  # noqa: E402
+from tests.helpers.sam3_ref import (  # noqa: E402
+    assert_close,
+    attention_path,
+    cpu_patches,
+    fan_in_init_,
+    numpy_state_dict,
+    perturb_module_,
+)
 
 # window 4 tiles the 8x8 grid; window 3 pads it to 9x9; pretraining grid 4x4 (+cls) is tiled
 VIT_TINY = dict(

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import paddle
 import pytest
-from _pairs import TINY, image
 
 from paddle_sam import SamPredictor, build_sam
 from paddle_sam.deploy import OnnxSamPredictor
 from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.onnx import export_onnx
+from tests.helpers.pairs import TINY, image
 
 H, W = 150, 230
 

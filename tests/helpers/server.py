@@ -14,7 +14,7 @@ from paddle_sam.build.sam_v1 import build_sam
 
 
 def tiny_model(seed: int = 0):
-    from _pairs import TINY
+    from tests.helpers.pairs import TINY
 
     paddle.seed(seed)
     return build_sam(TINY)
@@ -58,14 +58,13 @@ class ThreadedServer:
 
 
 def tiny_sam3_model(seed: int = 0, interactive: bool = False):
-    """A SAM 3 image model at the tiny test sizes (tests/test_sam3_model.py), random weights,
+    """A SAM 3 image model at the tiny test sizes (tests/models/test_sam3_model.py), random weights,
     with the bundled BPE vocabulary."""
     import warnings
 
-    from _sam3_ref import tiny_sam3_spec
-
     from paddle_sam.build.sam3 import build_sam3_image_model
     from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
+    from tests.helpers.sam3_ref import tiny_sam3_spec
 
     spec = tiny_sam3_spec()
     paddle.seed(seed)

@@ -23,7 +23,7 @@ from paddle_sam.train.config import ConfigError, load_config
 from paddle_sam.train.data import CocoDataset, MaskFolderDataset, SA1BDataset, SkipLog, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_SPEC = dict(
     image_size=64,
     vit_patch_size=8,

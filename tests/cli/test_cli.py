@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pairs import TINY
 from PIL import Image
 
 from paddle_sam import cli
@@ -19,6 +18,7 @@ from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import CheckpointFormatError, read_sidecar, sidecar_path
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.predict import io as sam_io
+from tests.helpers.pairs import TINY
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
 pytestmark = pytest.mark.filterwarnings(
@@ -275,7 +275,8 @@ def test_everything_argument_errors(tiny_ckpt, image_png, tmp_path, capsys):
         everything(image_png, out, tiny_ckpt, "--points-per-side", "four"),
         "--points-per-side",
     )
-    # no --checkpoint: only the bundled default model can be used (tests/test_default_model.py)
+    # no --checkpoint: only the bundled default model can be used
+    # (tests/train/test_default_model.py)
     assert_user_error(
         capsys, ["everything", image_png, "-o", out, "--model-type", "vit_b"], "--checkpoint"
     )

@@ -6,7 +6,7 @@ figures go to ``test-artifacts/full_size_sam3.json``.
 
 Weights: the official full-size model built by sam3's own builder, then every Linear (and
 fused ``in_proj``) redrawn from N(0, 1 / fan_in) and every tensor perturbed
-(``tests/_sam3_ref.py``: ``fan_in_init_`` + ``perturb_module_``). Upstream's own inits
+(``tests/helpers/sam3_ref.py``: ``fan_in_init_`` + ``perturb_module_``). Upstream's own inits
 (trunc-normal 0.02, then perturbed) make the comparison degenerate at full size: measured, all
 200 text-prompt scores within 0.278..0.285 (std 0.001) and masks covering 99.9 % of the image.
 With fan-in weights the scores spread over 0.27..0.31 (about 150 distinct values at 1e-4) and
@@ -14,7 +14,8 @@ masks cover 70-80 %, so a wrong query, box or mask shows. The ``tracker.*`` keys
 neck (``sam2_convs``, used only with instance interactivity) are random arrays of the released
 shapes: the file holds exactly the 1465 released keys.
 
-Opt-in (minutes and ~12 GB of memory on 2 cores): ``pytest --runslow tests/test_full_size_sam3.py``.
+Opt-in (minutes and ~12 GB of memory on 2 cores):
+``pytest --runslow tests/models/test_full_size_sam3.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,11 @@ pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 pytest.importorskip("sam3")
 
-from _sam3_ref import cpu_patches, fan_in_init_, perturb_module_  # noqa: E402
-from test_sam3_model import image  # noqa: E402
-
 from paddle_sam.cli import main as cli  # noqa: E402
+from tests.helpers.sam3_ref import cpu_patches, fan_in_init_, perturb_module_  # noqa: E402
+from tests.models.test_sam3_model import image  # noqa: E402
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 HW = (480, 640)
 TEXT = "a red car"
 BOX = [0.45, 0.5, 0.3, 0.4]  # cx, cy, w, h in [0, 1]

@@ -11,7 +11,6 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _pairs import TINY, image
 
 from paddle_sam import SamPredictor, build_sam
 from paddle_sam.deploy import StaticSamPredictor
@@ -23,6 +22,7 @@ from paddle_sam.export.sam_v1 import (
     decoder_formulation,
     export_sam,
 )
+from tests.helpers.pairs import TINY, image
 
 H, W = 150, 230
 

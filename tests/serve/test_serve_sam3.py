@@ -8,8 +8,12 @@ import base64
 
 import numpy as np
 import pytest
-from _pairs import image as make_image
-from _server import (
+from fastapi.testclient import TestClient
+
+from paddle_sam.predict.sam3.predictor import Sam3Predictor
+from paddle_sam.serve import create_app
+from tests.helpers.pairs import image as make_image
+from tests.helpers.server import (
     assert_error,
     decode_mask_png,
     png_bytes,
@@ -17,10 +21,6 @@ from _server import (
     sam3_threshold,
     tiny_sam3_model,
 )
-from fastapi.testclient import TestClient
-
-from paddle_sam.predict.sam3.predictor import Sam3Predictor
-from paddle_sam.serve import create_app
 
 
 @pytest.fixture(scope="module")

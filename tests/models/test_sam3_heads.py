@@ -11,9 +11,15 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _sam3_ref import assert_close, attention_path, cpu_patches, import_sam3, perturb_module_
 
 from paddle_sam.models.sam3 import model_misc as M
+from tests.helpers.sam3_ref import (
+    assert_close,
+    attention_path,
+    cpu_patches,
+    import_sam3,
+    perturb_module_,
+)
 
 torch, _ = import_sam3()
 

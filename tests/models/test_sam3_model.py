@@ -13,7 +13,13 @@ import warnings
 import numpy as np
 import paddle
 import pytest
-from _sam3_ref import (
+
+from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+from paddle_sam.models.sam3.geometry_encoders import Prompt
+from paddle_sam.models.sam3.sam3_image import FindStage
+from paddle_sam.predict.sam3.processor import Sam3Processor, resize_uint8_antialias
+from tests.helpers.sam3_ref import (
     BPE_NAME,
     assert_close,
     cpu_patches,
@@ -22,13 +28,7 @@ from _sam3_ref import (
     run_prompts,
     tiny_sam3_spec,
 )
-from test_sam3_heads import load_from_torch
-
-from paddle_sam.build.sam3 import build_sam3_image_model
-from paddle_sam.models.sam3.build_sam3 import Sam3Spec
-from paddle_sam.models.sam3.geometry_encoders import Prompt
-from paddle_sam.models.sam3.sam3_image import FindStage
-from paddle_sam.predict.sam3.processor import Sam3Processor, resize_uint8_antialias
+from tests.models.test_sam3_heads import load_from_torch
 
 torch, _ = import_sam3()
 

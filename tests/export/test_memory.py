@@ -16,17 +16,17 @@ import textwrap
 
 import paddle
 import pytest
-from _pairs import TINY
 
 from paddle_sam import build_sam
 from paddle_sam.export.sam_v1 import export_sam
+from tests.helpers.pairs import TINY
 
 SCRIPT = textwrap.dedent(
     """
     import gc, json, sys
     import numpy as np, paddle, psutil
-    sys.path.insert(0, {tests!r})
-    from _pairs import TINY, image
+    sys.path.insert(0, {root!r})
+    from tests.helpers.pairs import TINY, image
     from paddle_sam import SamPredictor, build_sam
     from paddle_sam.deploy import StaticSamPredictor
 
@@ -70,8 +70,8 @@ def export_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
 def test_no_growth_across_1000_predictions(kind, export_dir, request):
-    tests = str(request.config.rootpath / "tests")
-    code = SCRIPT.format(kind=kind, export=str(export_dir), tests=tests)
+    root = str(request.config.rootpath)
+    code = SCRIPT.format(kind=kind, export=str(export_dir), root=root)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     rss = json.loads(run.stdout.strip().splitlines()[-1])
@@ -81,9 +81,9 @@ def test_no_growth_across_1000_predictions(kind, export_dir, request):
 
 def test_release_memory_keeps_the_embedding(export_dir):
     import numpy as np
-    from _pairs import image
 
     from paddle_sam.deploy import StaticSamPredictor
+    from tests.helpers.pairs import image
 
     p = StaticSamPredictor(export_dir)
     p.set_image(image(100, 120))

@@ -17,16 +17,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from _pairs import image as make_image
-from _server import ThreadedServer, decode_mask_png, png_bytes, tiny_model
 from pycocotools import mask as mask_utils
 
 from paddle_sam.serve import create_app
+from tests.helpers.pairs import image as make_image
+from tests.helpers.server import ThreadedServer, decode_mask_png, png_bytes, tiny_model
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # without the background-networking flags Chromium's own connections fail on a closed network
 ARGS = [
     "--headless",
@@ -322,9 +322,8 @@ def test_text_box_for_a_model_that_takes_text(browser_page, tmp_path):
 def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
     """SAM 3: typed text shows every instance found, their union equal to the API's; a click
     is refused on the page (no points), a dragged box joins the text as an exemplar."""
-    from _server import sam3_threshold, tiny_sam3_model
-
     from paddle_sam.predict.sam3.predictor import Sam3Predictor
+    from tests.helpers.server import sam3_threshold, tiny_sam3_model
 
     page, errors = browser_page
     img = make_image(300, 400, seed=9)

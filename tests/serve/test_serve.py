@@ -17,14 +17,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pairs import image as make_image
-from _server import ThreadedServer, assert_error, decode_mask_png, png_bytes, tiny_model
 from fastapi.testclient import TestClient
 
 from paddle_sam.predict.sam_v1.predictor import SamPredictor
 from paddle_sam.serve import create_app
+from tests.helpers.pairs import image as make_image
+from tests.helpers.server import (
+    ThreadedServer,
+    assert_error,
+    decode_mask_png,
+    png_bytes,
+    tiny_model,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -602,9 +608,8 @@ def _predictor(kind: str, tmp_path: Path):
 
         export_onnx(tiny_model(seed=4), tmp_path / "tiny", model_type="tiny")
         return OnnxSamPredictor(tmp_path / "tiny")
-    from _server import tiny_sam3_model
-
     from paddle_sam.predict.sam3.predictor import Sam3Predictor
+    from tests.helpers.server import tiny_sam3_model
 
     return Sam3Predictor(tiny_sam3_model(interactive=kind == "Sam3Predictor-interactive"))
 

@@ -22,7 +22,7 @@ from paddle_sam.align.reference import perturb_weights_  # noqa: E402
 from paddle_sam.align.sam_v1 import align_sam, default_image  # noqa: E402
 from paddle_sam.cli import main as cli  # noqa: E402
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
-from _pairs import TINY
-from conftest import find_reference_dir
 
 from paddle_sam.build.sam_v1 import build_sam, load_sam, sam_model_registry
 from paddle_sam.convert.checkpoint import convert_checkpoint
@@ -38,6 +36,8 @@ from paddle_sam.convert.sam_v1 import (
     random_official_state_dict,
 )
 from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec
+from tests.conftest import find_reference_dir
+from tests.helpers.pairs import TINY
 
 REFERENCE = find_reference_dir()
 

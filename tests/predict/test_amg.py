@@ -10,9 +10,9 @@ import types
 import numpy as np
 import paddle
 import pytest
-from _pairs import TINY, make_pair
 
 from paddle_sam.predict.sam_v1 import amg_utils as au
+from tests.helpers.pairs import TINY, make_pair
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
 pytestmark = pytest.mark.filterwarnings(
