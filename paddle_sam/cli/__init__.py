@@ -1,8 +1,9 @@
 """``paddle-sam``: convert, segment, everything, align, export, serve, train, eval, synth.
 
 Run ``paddle-sam COMMAND --help`` for each command's options. Errors in what the user gave
-(files, prompts, arguments) print one line naming the problem and exit with status 2; any
-other exception is a bug and propagates with its traceback.
+(files, prompts, arguments, output folders) print one line naming the problem and exit with
+status 2, before any model is loaded where the check allows; any other exception is a bug and
+propagates with its traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from typing import NoReturn
 
 from . import align, convert, everything, export, segment, serve, train
-from .common import DEFAULT_MODEL
+from .common import DEFAULT_MODEL, check_bounded
+
+MAX_THREADS = 1024
 
 # what the user gave is wrong: a value (CheckpointError and the other errors of files' contents
 # are ValueErrors), or a path (missing, existing, a folder, not a folder, not permitted)
@@ -34,9 +38,22 @@ def missing_extra(exc: ImportError) -> bool:
     return exc.name is None
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, its errors one line like ours (no usage block; a pointer to --help instead).
+    The subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="paddle-sam", description=__doc__.split("\n")[0])
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all available)")
+    p = Parser(prog="paddle-sam", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"CPU threads, 1 to {MAX_THREADS} (default: all available)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for command in (convert, segment, export, everything, align, serve, train):
         command.add_parser(sub)
@@ -49,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     from .._runtime import set_num_threads
 
     try:
-        if args.threads is not None:
+        if args.threads is not None:  # checked here to name the command in the error
+            check_bounded("--threads", args.threads, 1, MAX_THREADS)
             set_num_threads(args.threads)
         with warnings.catch_warnings():
             warnings.simplefilter("default")
@@ -61,4 +79,4 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-__all__ = ["DEFAULT_MODEL", "USER_ERRORS", "build_parser", "main"]
+__all__ = ["DEFAULT_MODEL", "USER_ERRORS", "Parser", "build_parser", "main"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..models.sam_v1.build_sam import SAM_SPECS
+from .common import read_image
 
 
 def cmd_align(args: argparse.Namespace) -> int:
@@ -13,12 +14,11 @@ def cmd_align(args: argparse.Namespace) -> int:
     torch, segment_anything = import_reference()
     from ..align.sam_v1 import align_sam
     from ..build.sam_v1 import load_sam
-    from ..predict.io import load_image
 
+    image = read_image(args.image, args.command) if args.image else None  # before the models
     ref = segment_anything.sam_model_registry[args.model_type](checkpoint=args.torch_checkpoint)
     ref.eval()
     ours = load_sam(args.checkpoint or args.torch_checkpoint, args.model_type)
-    image = load_image(args.image) if args.image else None
     report = align_sam(ref, ours, image)
     print(report.to_json() if args.json else report.format_table())
     return 0 if report.passed else 1

@@ -4,7 +4,11 @@ checks, output folders, the SAM 3 confidence threshold and the runtimes of expor
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,8 @@ def parse_floats(text: str, n: tuple[int, ...], what: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"{what} must be numbers separated by commas: {text!r}"
         ) from None
+    if not all(math.isfinite(v) for v in vals):
+        raise argparse.ArgumentTypeError(f"{what} must be finite numbers: {text!r}")
     if len(vals) not in n:
         raise argparse.ArgumentTypeError(
             f"{what} needs {' or '.join(map(str, n))} values: {text!r}"
@@ -153,27 +159,78 @@ def _number(text: str, kind: type[int] | type[float]) -> int | float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
-def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse type: a number of ``kind`` above 0."""
+def _fmt(v: float) -> str:
+    return str(v) if isinstance(v, int) else f"{v:g}"
+
+
+def bounded(
+    kind: type[int] | type[float],
+    lo: float,
+    hi: float,
+    *,
+    hi_open: bool = False,
+    why: str = "",
+) -> Callable[[str], int | float]:
+    """An argparse type: a finite number of ``kind`` in ``[lo, hi]`` (``[lo, hi)`` with
+    ``hi_open``); NaN, infinities and values outside are refused with the range, ``why``
+    added in parentheses. argparse puts the option's name in front of the message."""
+    what = "an integer" if kind is int else "a number"
+    span = f"[{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
+    hint = f" ({why})" if why else ""
 
     def parse(text: str) -> int | float:
         value = _number(text, kind)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        inside = math.isfinite(value) and lo <= value and (value < hi if hi_open else value <= hi)
+        if not inside:
+            raise argparse.ArgumentTypeError(f"must be {what} in {span}{hint}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid <name> value" fallback
+    return parse
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a finite number of ``kind`` above 0."""
+
+    def parse(text: str) -> int | float:
+        value = _number(text, kind)
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive and finite, got {text}")
         return value
 
     return parse
 
 
-def parse_confidence_threshold(text: str) -> float:
-    """--confidence-threshold of ``segment`` and ``serve``: SAM 3 keeps the instances scoring
-    above it, so it lies in [0, 1)."""
-    value = _number(text, float)
-    if not 0.0 <= value < 1.0:
+def check_bounded(option: str, value: int | float, lo: float, hi: float) -> None:
+    """The ValueError of :func:`bounded` for a value parsed elsewhere (e.g. before the
+    command is known); ``option`` names it."""
+    if not (math.isfinite(value) and lo <= value <= hi):
+        what = "an integer" if isinstance(value, int) else "a number"
+        raise ValueError(f"{option} must be {what} in [{_fmt(lo)}, {_fmt(hi)}], got {value}")
+
+
+#: --confidence-threshold of ``segment`` and ``serve``: SAM 3 keeps the instances scoring
+#: above it, so it lies in [0, 1)
+parse_confidence_threshold = bounded(
+    float, 0.0, 1.0, hi_open=True, why="instances scoring above it are kept"
+)
+
+#: seeds of numpy's generators (non-negative, 32 bits is plenty)
+parse_seed = bounded(int, 0, 2**32 - 1)
+
+
+def parse_size(text: str, lo: int = 32, hi: int = 8192) -> list[int]:
+    """``WxH`` -> ``[w, h]``, each side in ``[lo, hi]`` pixels."""
+    parts = text.lower().split("x")
+    try:
+        w, h = (int(v) for v in parts)
+    except ValueError:
         raise argparse.ArgumentTypeError(
-            f"must lie in [0, 1) (instances scoring above it are kept), got {text}"
-        )
-    return value
+            f"expected WIDTHxHEIGHT in pixels, e.g. 640x480, got {text!r}"
+        ) from None
+    if not (lo <= w <= hi and lo <= h <= hi):
+        raise argparse.ArgumentTypeError(f"each side must lie in [{lo}, {hi}] pixels, got {text}")
+    return [w, h]
 
 
 def check_prompts(
@@ -191,13 +248,97 @@ def check_prompts(
             )
 
 
+# -- inputs ------------------------------------------------------------------------------
+
+
+def read_image(path: str | os.PathLike, command: str) -> np.ndarray:
+    """:func:`paddle_sam.predict.io.load_image`, its notes (16-bit scaled to 8 bits, alpha
+    dropped) printed once each on stderr as ``paddle-sam COMMAND: warning: ...``."""
+    from ..predict.io import load_image
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        image = load_image(path)
+    seen: set[str] = set()
+    for w in caught:
+        text = str(w.message)
+        if issubclass(w.category, UserWarning) and text not in seen:
+            seen.add(text)
+            print(f"paddle-sam {command}: warning: {text}", file=sys.stderr)
+        elif not issubclass(w.category, UserWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return image
+
+
 # -- outputs -----------------------------------------------------------------------------
 
 
+NAME_MAX = 255  # bytes in one file name on Linux, macOS and Windows file systems
+
+
+def check_out_folder(folder: str | os.PathLike, what: str = "output") -> None:
+    """The folder ``folder`` can be made (if missing) and written to; nothing is created.
+
+    Refused with one line each: the folder is a file, a path under a file, a folder (or the
+    nearest existing one above a missing folder) this user cannot write to, a name too long.
+    A probe file, anonymous where the system allows and removed at once, tests the folder.
+    """
+    folder = Path(folder)
+    for part in folder.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ValueError(
+                f"{what} {folder}: the name {part[:24]}... is longer than {NAME_MAX} bytes"
+            )
+    try:
+        _check_out_folder(folder, what)
+    except OSError as exc:
+        if isinstance(exc, PermissionError | FileExistsError | NotADirectoryError):
+            raise
+        raise ValueError(f"{what} {folder}: {exc.strerror or exc}") from None
+
+
+def _check_out_folder(folder: Path, what: str) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{what} {folder} exists and is not a folder")
+    existing = folder.absolute()
+    created = False
+    while not existing.is_dir():
+        if existing.exists() or existing.is_symlink():  # a file (or a dangling link) above
+            raise NotADirectoryError(
+                f"{what} {folder}: {existing} is a file, not a folder; choose another path"
+            )
+        created = True
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    where = f" (the folder would be created in {existing})" if created else ""
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{what} {folder}: {existing} is not writable{where}")
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".paddle-sam-probe-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PermissionError(
+            f"{what} {folder}: cannot write in {existing} ({reason}){where}"
+        ) from None
+
+
+def check_out_file(path: str | os.PathLike, overwrite: bool, what: str = "output") -> None:
+    """A file to write: its folder as :func:`check_out_folder`, and no existing file
+    replaced without ``overwrite``."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder, not a file")
+    check_out_folder(path.parent, f"{what} {path}: folder")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+
+
 def prepare_out(out: Path, names: list[str], overwrite: bool) -> None:
-    """Refuse to replace existing outputs; the folder itself is made when writing."""
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output {out} exists and is not a folder")
+    """Refuse to replace existing outputs, and a folder that cannot be made or written to
+    (:func:`check_out_folder`); the folder itself is made when writing."""
+    check_out_folder(out)
     clash = [n for n in names if (out / n).exists()]
     if clash and not overwrite:
         raise FileExistsError(

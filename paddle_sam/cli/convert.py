@@ -7,11 +7,16 @@ import time
 from pathlib import Path
 
 from ..models.sam_v1.build_sam import SAM_SPECS
+from .common import check_out_folder, parse_seed
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from ..convert.checkpoint import convert_checkpoint
 
+    dst = Path(args.dst)
+    if dst.is_dir():
+        raise IsADirectoryError(f"output {dst} is a folder; give a .pdparams file name")
+    check_out_folder(dst.parent, f"output {dst}: folder")
     t = time.perf_counter()
     meta = convert_checkpoint(
         args.src, args.dst, args.model_type, overwrite=args.overwrite, progress=not args.quiet
@@ -33,6 +38,7 @@ def cmd_random_checkpoint(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{dst} exists; pass --overwrite to replace it")
     if dst.suffix != ".safetensors":
         raise ValueError(f"output must end in .safetensors: {dst}")
+    check_out_folder(dst.parent, f"output {dst}: folder")
     dst.parent.mkdir(parents=True, exist_ok=True)
     save_file(random_official_state_dict(SAM_SPECS[args.model_type], args.seed), str(dst))
     print(f"random {args.model_type} weights (official layout, NOT a trained model) -> {dst}")
@@ -65,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(.safetensors) for demos and tests; NOT a trained model",
     )
     r.add_argument("--model-type", choices=types, default="vit_b")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=parse_seed, default=0)
     r.add_argument("-o", "--output", required=True)
     r.add_argument("--overwrite", action="store_true")
     r.set_defaults(func=cmd_random_checkpoint)

@@ -9,14 +9,21 @@ from typing import Any
 
 import numpy as np
 
-from .common import add_model_args, load_model, prepare_out, write_masks
+from .common import add_model_args, bounded, load_model, prepare_out, read_image, write_masks
+
+# sane bounds: a 128 x 128 grid is 16k prompts per crop (upstream's default is 32); 4096
+# prompts at once already hold gigabytes of low-res masks; 4 crop layers are 341 crops
+MAX_POINTS_PER_SIDE = 128
+MAX_POINTS_PER_BATCH = 4096
+MAX_CROP_N_LAYERS = 4
+MAX_REGION_AREA = 100_000_000  # the image pixel limit (predict.io.MAX_IMAGE_PIXELS)
 
 
 def cmd_everything(args: argparse.Namespace) -> int:
-    from ..predict.io import coco_rle, load_image, overlay
+    from ..predict.io import coco_rle, overlay
     from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
-    image = load_image(args.image)
+    image = read_image(args.image, args.command)
     out = Path(args.output)
     prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
     generator = SamAutomaticMaskGenerator(
@@ -65,13 +72,49 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("image")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.add_argument("--overwrite", action="store_true")
-    e.add_argument("--points-per-side", type=int, default=32)
-    e.add_argument("--points-per-batch", type=int, default=64)
-    e.add_argument("--pred-iou-thresh", type=float, default=0.88)
-    e.add_argument("--stability-score-thresh", type=float, default=0.95)
-    e.add_argument("--box-nms-thresh", type=float, default=0.7)
-    e.add_argument("--crop-n-layers", type=int, default=0)
-    e.add_argument("--min-mask-region-area", type=int, default=0)
+    e.add_argument(
+        "--points-per-side",
+        type=bounded(int, 1, MAX_POINTS_PER_SIDE),
+        default=32,
+        help=f"grid of N x N prompt points, 1 to {MAX_POINTS_PER_SIDE} (default: %(default)s)",
+    )
+    e.add_argument(
+        "--points-per-batch",
+        type=bounded(int, 1, MAX_POINTS_PER_BATCH),
+        default=64,
+        help=f"prompts decoded at once, 1 to {MAX_POINTS_PER_BATCH} (default: %(default)s)",
+    )
+    e.add_argument(
+        "--pred-iou-thresh",
+        type=bounded(float, 0.0, 1.0),
+        default=0.88,
+        help="keep masks whose predicted IoU is above this, in [0, 1] (default: %(default)s)",
+    )
+    e.add_argument(
+        "--stability-score-thresh",
+        type=bounded(float, 0.0, 1.0),
+        default=0.95,
+        help="keep masks at least this stable, in [0, 1] (default: %(default)s)",
+    )
+    e.add_argument(
+        "--box-nms-thresh",
+        type=bounded(float, 0.0, 1.0),
+        default=0.7,
+        help="box IoU above which duplicates are removed, in [0, 1] (default: %(default)s)",
+    )
+    e.add_argument(
+        "--crop-n-layers",
+        type=bounded(int, 0, MAX_CROP_N_LAYERS),
+        default=0,
+        help=f"layers of image crops, 0 to {MAX_CROP_N_LAYERS} (default: %(default)s)",
+    )
+    e.add_argument(
+        "--min-mask-region-area",
+        type=bounded(int, 0, MAX_REGION_AREA),
+        default=0,
+        help="remove holes and islands under this many pixels, 0 (off) to "
+        f"{MAX_REGION_AREA} (default: %(default)s)",
+    )
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(e)
     e.set_defaults(func=cmd_everything)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
-from .common import DEFAULT_MODEL, add_model_args, family, load_model
+from .common import DEFAULT_MODEL, add_model_args, check_out_folder, family, load_model
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ..convert.core import read_sidecar
+    from ..export.sam_v1 import MANIFEST
 
+    check_out_folder(args.output)  # before the (slow) model load
+    if (Path(args.output) / MANIFEST).exists() and not args.overwrite:
+        raise FileExistsError(
+            f"{args.output} already holds an export ({MANIFEST}); pass --overwrite to replace it"
+        )
     if family(args) == "sam3":
         return _export_sam3(args)
     if args.fused_attention is not None:

@@ -22,6 +22,7 @@ from .common import (
     parse_confidence_threshold,
     parse_point,
     prepare_out,
+    read_image,
     write_masks,
 )
 
@@ -32,7 +33,7 @@ NO_SAM3_CHECKPOINT = (
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
-    from ..predict.io import load_image, overlay, save_mask_png
+    from ..predict.io import overlay, save_mask_png
     from ..predict.sam_v1.predictor import SamPredictor
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
@@ -60,7 +61,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
     args.box = args.box[0] if args.box else None
     if not args.point and args.box is None:
         raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
-    image = load_image(args.image)
+    image = read_image(args.image, args.command)
     check_prompts(args.point, args.box, image)
     out = Path(args.output)
     multimask = args.multimask
@@ -149,7 +150,7 @@ def _segment_sam3(args: argparse.Namespace) -> int:
     """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
     boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
     from ..build.sam3 import load_sam3_predictor
-    from ..predict.io import coco_rle, load_image, overlay
+    from ..predict.io import coco_rle, overlay
 
     check_one_source(args)
     if args.multimask is not None:
@@ -163,7 +164,7 @@ def _segment_sam3(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"BPE vocabulary not found: {args.bpe}")
     if args.checkpoint is None and args.exported is None:
         raise ValueError(NO_SAM3_CHECKPOINT + " (or --exported DIR from 'paddle-sam export')")
-    image = load_image(args.image)
+    image = read_image(args.image, args.command)
     check_prompts([], args.box + args.negative_box, image)
     out = Path(args.output)
     prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)

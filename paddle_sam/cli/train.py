@@ -9,7 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import add_model_args, load_model
+from .common import (
+    add_model_args,
+    bounded,
+    check_out_file,
+    check_out_folder,
+    load_model,
+    parse_seed,
+    parse_size,
+)
+
+MAX_NPROC = 128  # data-parallel processes on one machine
+MAX_EVAL_IMAGES = 100_000_000
+MAX_SYNTH_IMAGES = 1_000_000
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -86,6 +98,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..train.data import SkipLog, open_dataset
     from ..train.evaluate import evaluate
 
+    if args.json:  # before the (long) evaluation, not after it
+        check_out_file(args.json, args.overwrite)
     skips = SkipLog()
     spec = {"format": args.format, "path": args.data, "images": args.images}
     if args.format == "synthetic":
@@ -103,19 +117,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"{result['miou_box']:.4f}; {result['skipped']}"
     )
     if args.json:
-        out = Path(args.json)
-        if out.exists() and not args.overwrite:
-            raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from ..train.synthetic import write_dataset
 
-    sizes = [[int(v) for v in s.lower().split("x")] for s in args.size] if args.size else None
+    check_out_folder(args.output)
     out = write_dataset(
-        args.output, args.format, args.num_images, args.seed, sizes, overwrite=args.overwrite
+        args.output, args.format, args.num_images, args.seed, args.size, overwrite=args.overwrite
     )
     print(f"{args.num_images} synthetic images ({args.format}, seed {args.seed}) -> {out}/")
     return 0
@@ -140,9 +151,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument(
         "--nproc",
-        type=int,
+        type=bounded(int, 1, MAX_NPROC),
         default=1,
-        help="data-parallel processes via python -m paddle.distributed.launch",
+        help=f"data-parallel processes via python -m paddle.distributed.launch (1 to {MAX_NPROC})",
     )
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
@@ -151,8 +162,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--data", default=None, help="dataset path (not for --format synthetic)")
     e.add_argument("--format", choices=("coco", "sa1b", "folder", "synthetic"), default="folder")
     e.add_argument("--images", default=None, help="COCO image folder (default: images/)")
-    e.add_argument("--num-images", type=int, default=None, help="evaluate the first N images")
-    e.add_argument("--seed", type=int, default=1000, help="synthetic set seed")
+    e.add_argument(
+        "--num-images",
+        type=bounded(int, 1, MAX_EVAL_IMAGES),
+        default=None,
+        help="evaluate the first N images",
+    )
+    e.add_argument("--seed", type=parse_seed, default=1000, help="synthetic set seed")
     e.add_argument("--json", default=None, help="also write the result to this JSON file")
     e.add_argument("--overwrite", action="store_true")
     e.add_argument("--quiet", action="store_true")
@@ -162,14 +178,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("synth", help="write a synthetic segmentation dataset (coco, sa1b, folder)")
     s.add_argument("output", help="output folder")
     s.add_argument("--format", choices=("coco", "sa1b", "folder"), default="folder")
-    s.add_argument("--num-images", type=int, default=100)
-    s.add_argument("--seed", type=int, default=1000)
+    s.add_argument(
+        "--num-images",
+        type=bounded(int, 1, MAX_SYNTH_IMAGES),
+        default=100,
+        help=f"1 to {MAX_SYNTH_IMAGES} (default: %(default)s)",
+    )
+    s.add_argument("--seed", type=parse_seed, default=1000)
     s.add_argument(
         "--size",
+        type=parse_size,
         action="append",
         default=None,
         metavar="WxH",
-        help="image size, repeatable (default 640x480)",
+        help="image size, each side 32 to 8192 pixels, repeatable (default 640x480)",
     )
     s.add_argument("--overwrite", action="store_true")
     s.set_defaults(func=cmd_synth)

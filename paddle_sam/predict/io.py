@@ -13,6 +13,11 @@ from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
 # well above any camera image, well below what would exhaust memory on a small machine
 MAX_IMAGE_PIXELS = 100_000_000
 
+#: the image formats decoded (Pillow's names; phones' multi-picture JPEGs open as JPEG).
+#: Nothing else reaches a decoder: EPS / PostScript would run Ghostscript, PDF, PSD, ICO and
+#: the rest are refused by name.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
+
 
 class ImageTooLargeError(ValueError):
     """An image whose pixel count is above the allowed limit (decompression bombs included)."""
@@ -21,9 +26,10 @@ class ImageTooLargeError(ValueError):
 def load_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
     """Read an image file as H x W x 3 uint8 RGB, honouring EXIF orientation.
 
-    Grayscale, palette and CMYK images are converted to RGB; RGBA loses its alpha channel
-    (a warning says so); 16-bit images are scaled to 8 bits (a warning says so). Images over
-    ``max_pixels`` (default: :data:`MAX_IMAGE_PIXELS`, read at call time) are refused.
+    Only the formats of :data:`IMAGE_FORMATS` are read. Grayscale, palette and CMYK images
+    are converted to RGB; RGBA loses its alpha channel (a warning says so); 16-bit images,
+    grayscale or colour, are scaled to 8 bits (a warning says so). Images over ``max_pixels``
+    (default: :data:`MAX_IMAGE_PIXELS`, read at call time) are refused.
     """
     path = Path(path)
     if not path.is_file():
@@ -37,39 +43,109 @@ def decode_image(
     """:func:`load_image` for a path or an open binary file (e.g. an upload in memory).
 
     ``name`` starts every error and warning message. Raises :class:`ImageTooLargeError` over
-    ``max_pixels`` and ``ValueError`` for anything that is not a readable image.
+    ``max_pixels`` and ``ValueError`` for anything that is not a readable image, a format
+    outside :data:`IMAGE_FORMATS` included (named when Pillow knows it).
     """
     if max_pixels is None:
         max_pixels = MAX_IMAGE_PIXELS
+    start = _position(source)
     try:
         with warnings.catch_warnings():
             # our own limit below is the one that applies, not PIL's lower warning threshold
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(source) as im:
+            with Image.open(source, formats=IMAGE_FORMATS) as im:
                 if im.width * im.height > max_pixels:
                     raise ImageTooLargeError(
                         f"{name}: {im.width}x{im.height} pixels is above the limit of "
                         f"{max_pixels} pixels"
                     )
+                wide = _16bit_colour(im)  # the tiles say so before loading, not after
                 im.load()
                 im = ImageOps.exif_transpose(im)
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(f"{name}: image too large ({exc})") from exc
     except UnidentifiedImageError as exc:
-        raise ValueError(f"{name}: not a readable image ({exc})") from exc
+        other = _other_format(source, start)
+        if other is not None:
+            raise ValueError(
+                f"{name}: {other} images are not read (formats read: {', '.join(IMAGE_FORMATS)})"
+            ) from None
+        raise ValueError(
+            f"{name}: not a readable image ({exc}; formats read: {', '.join(IMAGE_FORMATS)})"
+        ) from exc
     except OSError as exc:  # truncated or damaged files
         raise ValueError(f"{name}: damaged or truncated image ({exc})") from exc
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(im).astype(np.float64)
         top = 65535.0 if arr.max(initial=0) > 255 or im.mode.startswith("I;16") else 255.0
-        warnings.warn(f"{name}: {im.mode} image scaled to 8 bits", stacklevel=2)
+        depth = "16-bit" if im.mode.startswith("I;16") else "integer"
+        warnings.warn(f"{name}: {depth} grayscale ({im.mode}) image scaled to 8 bits", stacklevel=2)
         arr = np.clip(np.round(arr * 255.0 / top), 0, 255).astype(np.uint8)
         return np.repeat(arr[..., None], 3, axis=2)
+    if wide:  # Pillow has already kept the high byte of each sample
+        warnings.warn(f"{name}: 16-bit {im.mode} image scaled to 8 bits", stacklevel=2)
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
         warnings.warn(f"{name}: alpha channel dropped", stacklevel=2)
     if im.mode == "F":
         raise ValueError(f"{name}: floating-point images are not supported; save it as 8-bit")
     return np.asarray(im.convert("RGB"))
+
+
+def _16bit_colour(im: Image.Image) -> bool:
+    """A 16-bit colour image (48-bit RGB, 64-bit RGBA, 16-bit LA), which Pillow opens as an
+    8-bit mode: its tiles' raw mode (``RGB;16B``, ``RGBA;16N``...) still says 16 bits."""
+    if im.mode.startswith("I"):
+        return False
+    for tile in im.tile:
+        args = tile[3]
+        raw = args[0] if isinstance(args, tuple) and args else args
+        if isinstance(raw, str) and ";16" in raw:
+            return True
+    return False
+
+
+# formats Pillow recognises by a distinctive signature, named when refused (formats without
+# one, such as TGA, or with a short one that other files can match, are left unnamed)
+_NAMED_FORMATS = ("AVIF", "BLP", "DDS", "FITS", "ICNS", "ICO", "JPEG2000", "PSD", "QOI")
+
+
+def _position(source: str | os.PathLike | BinaryIO) -> int | None:
+    if isinstance(source, str | os.PathLike):
+        return None
+    try:
+        return source.tell()
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+def _other_format(source: str | os.PathLike | BinaryIO, start: int | None) -> str | None:
+    """The name of a format we do not read (EPS, PDF, PSD...), from its first bytes only:
+    no decoder of it runs. ``start``: where an open file's image began."""
+    try:
+        if isinstance(source, str | os.PathLike):
+            with open(source, "rb") as f:
+                prefix = f.read(64)
+        elif start is None:
+            return None
+        else:
+            source.seek(start)
+            prefix = source.read(64)
+            source.seek(start)
+    except (OSError, ValueError):
+        return None
+    if prefix[:4] in (b"%!PS", b"\xc5\xd0\xd3\xc6"):
+        return "EPS/PostScript"
+    if prefix[:5] == b"%PDF-":
+        return "PDF"
+    Image.init()
+    for fmt in _NAMED_FORMATS:
+        accept = Image.OPEN.get(fmt, (None, None))[1]
+        try:
+            if accept is not None and accept(prefix):
+                return fmt
+        except Exception:  # a plugin's own test on too short a prefix
+            continue
+    return None
 
 
 def save_mask_png(mask: np.ndarray, path: str | os.PathLike) -> None:

@@ -86,6 +86,32 @@ def test_bad_images(predictor, img, match):
         predictor.set_image(img)
 
 
+@pytest.mark.parametrize("shape", [(1, 100_000), (100_000, 1), (1, 513), (3, 1537)])
+def test_too_elongated_image(predictor, shape):
+    """Resized to 256 on its longer side, the shorter side would round to 0 pixels: a
+    ValueError naming the shape, not an error deep inside Paddle."""
+    with pytest.raises(ValueError, match=rf"{shape[0]} x {shape[1]} \(H x W\).*elongated"):
+        predictor.set_image(np.zeros((*shape, 3), np.uint8))
+
+
+def test_most_elongated_image_accepted():
+    """The limit is exact: 1 x 512 resizes to 1 x 256 and is segmented."""
+    p = SamPredictor(build_sam(TINY))
+    p.set_image(np.full((1, 512, 3), 200, np.uint8))
+    assert p.input_size == (1, 256)
+    masks, scores, _ = p.predict(np.array([[300, 0]]), np.array([1]))
+    assert masks.shape == (3, 1, 512) and np.isfinite(scores).all()
+
+
+def test_sam3_preprocessing_takes_elongated_images():
+    """SAM 3 resizes to a square, so no side can round to 0 there."""
+    from paddle_sam.predict.sam3.processor import preprocess_sam3_image
+
+    x = preprocess_sam3_image(np.full((1, 100_000, 3), 255, np.uint8), 56)
+    assert x.shape == (3, 56, 56) and np.isfinite(x).all()
+    np.testing.assert_allclose(x, 1.0, atol=1e-6)
+
+
 def test_bad_image_type_and_format(predictor):
     with pytest.raises(TypeError, match="numpy array"):
         predictor.set_image([[1, 2, 3]])

@@ -36,6 +36,19 @@ def check_image(image: np.ndarray, name: str = "image") -> None:
         raise ValueError(f"{name} is empty: shape {tuple(image.shape)}")
 
 
+def check_resizable(shape: tuple[int, ...], long_side: int, name: str = "image") -> None:
+    """Raise a ValueError if resizing ``shape`` (H, W) so its longer side is ``long_side``
+    leaves the other side under one pixel (an extreme aspect ratio, e.g. 1 x 100000)."""
+    h, w = (int(v) for v in shape[:2])
+    new_h, new_w = ResizeLongestSide.get_preprocess_shape(h, w, long_side)
+    if min(new_h, new_w) < 1:
+        raise ValueError(
+            f"{name} of shape {h} x {w} (H x W) is too elongated: resized to {long_side} "
+            f"pixels on its longer side, the shorter one would be 0 pixels; the longer side "
+            f"may be at most {2 * long_side} times the shorter"
+        )
+
+
 class PredictorBase:
     """What every predictor shares: image checks and resizing, prompt checks, the numpy API.
 
@@ -69,6 +82,7 @@ class PredictorBase:
         if image_format not in ("RGB", "BGR"):
             raise ValueError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
         check_image(image)
+        check_resizable(image.shape[:2], self.transform.target_length)
         if image_format != self.image_format:
             image = image[..., ::-1]
         input_image = self.transform.apply_image(np.ascontiguousarray(image))
