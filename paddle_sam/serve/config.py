@@ -4,3 +4,6 @@ DEFAULT_MEMORY_BUDGET_MB = 2048  # sessions: images, embeddings (4 MiB each for 
 DEFAULT_MAX_IMAGE_PIXELS = 25_000_000  # 75 MB decoded as RGB; a typical camera is 12-24 MP
 DEFAULT_MAX_UPLOAD_MB = 50
 DEFAULT_SESSION_TTL_S = 3600.0
+DEFAULT_MAX_QUEUED_JOBS = 4  # "everything" jobs waiting or running at once (one runs at a time)
+MAX_JSON_BYTES = 1 << 20  # every request body but an upload: prompts and job options are small
+TOKEN_ENV = "PADDLE_SAM_TOKEN"  # the token's environment variable (instead of --token)

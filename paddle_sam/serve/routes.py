@@ -1,7 +1,9 @@
 """The service's HTTP API: the error handlers and the routes, over a ``ModelService`` and a
 ``SessionStore``.
 
-Every error is JSON ``{"error": code, "detail": message}`` with its HTTP status.
+Every error is JSON ``{"error": code, "detail": message}`` with its HTTP status. Requests
+reach the routes through ``guard.RequestGuard`` (host, origin, token, content type, body
+size), which answers the refused ones with the same JSON.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import re
 import threading
 import time
 import warnings
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +26,51 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..predict.io import ImageTooLargeError, coco_rle, decode_image
+from .config import MAX_JSON_BYTES
+from .guard import BodyTooLarge
 from .schemas import UPLOAD_SCHEMA, EverythingRequest, PromptRequest, mask_png
-from .service import ModelService, cancel_jobs, start_everything
+from .service import JobQueue, ModelService, QueueFull, cancel_jobs, start_everything
 from .sessions import Answer, Session, SessionError, SessionStore
 
 STATIC_DIR = Path(__file__).parent / "static"
-MAX_JSON_BYTES = 1 << 20
 UPLOAD_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+# the formats decoded (README, "Serve"), by their first bytes; nothing else reaches PIL, so
+# no PostScript reaches Ghostscript and no rarely used decoder sees what a client sends
+IMAGE_SIGNATURES = {
+    "PNG": (b"\x89PNG\r\n\x1a\n",),
+    "JPEG": (b"\xff\xd8\xff",),
+    "GIF": (b"GIF87a", b"GIF89a"),
+    "BMP": (b"BM",),
+    "TIFF": (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"),  # classic and BigTIFF
+}
+IMAGE_FORMATS = "PNG, JPEG, WebP, BMP, TIFF or GIF"
+
+
+def sniff_image_format(data: bytes) -> str | None:
+    """The format of an image file by its first bytes, among those decoded; None if another."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    for name, signatures in IMAGE_SIGNATURES.items():
+        if data.startswith(signatures):
+            return name
+    return None
 
 
 class ApiError(Exception):
     """An error answered as ``{"error": code, "detail": detail}`` with HTTP ``status``."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+    def __init__(
+        self, status: int, code: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers
 
 
-def _error(status: int, code: str, detail: str, extra: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": detail, **(extra or {})}, status_code=status)
+def _error(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
 def _message(exc: RequestValidationError) -> str:
@@ -55,24 +82,11 @@ def _message(exc: RequestValidationError) -> str:
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Answer every error, and JSON bodies above ``MAX_JSON_BYTES``, with the error JSON."""
-
-    @app.middleware("http")
-    async def _limit_json_bodies(request: Request, call_next):
-        # prompts and job options are small; only the upload route takes large bodies
-        length = request.headers.get("content-length", "")
-        upload = request.url.path.rstrip("/") == "/sessions"
-        if not upload and length.isdigit() and int(length) > MAX_JSON_BYTES:
-            return _error(
-                413,
-                "body_too_large",
-                f"request body of {length} bytes is above the limit of {MAX_JSON_BYTES} bytes",
-            )
-        return await call_next(request)
+    """Answer every error with the error JSON."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return _error(exc.status, exc.code, exc.detail)
+        return _error(exc.status, exc.code, exc.detail, exc.headers)
 
     @app.exception_handler(SessionError)
     async def _session_error(request: Request, exc: SessionError):
@@ -96,7 +110,7 @@ def add_routes(
     app: FastAPI,
     service: ModelService,
     store: SessionStore,
-    jobs: Executor,
+    jobs: JobQueue,
     *,
     max_image_pixels: int,
     max_upload: int,
@@ -129,6 +143,8 @@ def add_routes(
             "limits": {
                 "max_image_pixels": max_image_pixels,
                 "max_upload_bytes": max_upload,
+                "max_json_bytes": MAX_JSON_BYTES,
+                "max_queued_jobs": jobs.max_jobs,
                 "memory_budget_bytes": store.budget_bytes,
             },
             "last_embed_seconds": service.last_embed_seconds,
@@ -142,6 +158,12 @@ def add_routes(
     decoding = threading.Lock()
 
     def _decode(data: bytes, name: str) -> tuple[np.ndarray, list[str]]:
+        if sniff_image_format(data) is None:
+            raise ApiError(
+                400,
+                "invalid_image",
+                f"{name}: not a readable image: the formats read are {IMAGE_FORMATS}",
+            )
         with decoding, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -163,7 +185,10 @@ def add_routes(
                     f"{name}: the decoded image alone ({image.nbytes / 2**20:.1f} MiB) exceeds "
                     f"the session memory budget ({store.budget_bytes / 2**20:.1f} MiB)",
                 )
-            state, seconds = service.embed(image, upload_id)
+            try:
+                state, seconds = service.embed(image, upload_id)
+            except ValueError as exc:  # an image the model cannot take (1 x 100000 pixels)
+                raise ApiError(400, "invalid_image", f"{name}: {exc}") from None
         session = Session(store.new_id(), image, state, seconds, notes=notes)
         store.add(session)
         return session
@@ -181,18 +206,14 @@ def add_routes(
             raise ApiError(
                 400, "invalid_upload_id", "upload_id must be 8-64 letters, digits, '-' or '_'"
             )
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_upload:
-            raise ApiError(
-                413,
-                "upload_too_large",
-                f"upload of {int(length)} bytes is above the limit of {max_upload} bytes",
-            )
-        ctype = request.headers.get("content-type", "")
+        # the guard has checked the content type and keeps the body within max_upload
+        ctype = request.headers.get("content-type", "").lower()
         name = "upload"
         if ctype.startswith("multipart/form-data"):
             try:
                 form = await request.form(max_files=1, max_fields=4)
+            except BodyTooLarge:
+                raise
             except Exception as exc:  # starlette raises its own MultiPartException
                 raise ApiError(400, "invalid_upload", f"malformed multipart body: {exc}") from None
             try:
@@ -365,7 +386,10 @@ def add_routes(
         s = store.get(session_id)
         if not service.supports_everything:
             raise ApiError(400, "not_supported", service.everything_refusal)
-        job = start_everything(service, store, jobs, s, req.model_dump())
+        try:
+            job = start_everything(service, store, jobs, s, req.model_dump())
+        except QueueFull as exc:
+            raise ApiError(429, "queue_full", str(exc), headers={"Retry-After": "5"}) from None
         return job.to_json(with_result=False)
 
     @app.get(
@@ -380,4 +404,4 @@ def add_routes(
         return job.to_json(with_result=True)
 
 
-__all__ = ["ApiError", "add_error_handlers", "add_routes"]
+__all__ = ["MAX_JSON_BYTES", "ApiError", "add_error_handlers", "add_routes", "sniff_image_format"]

@@ -10,7 +10,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Executor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,6 +170,50 @@ class JobCancelled(Exception):
     pass
 
 
+class QueueFull(Exception):
+    """The job queue holds its maximum of jobs waiting or running."""
+
+
+class JobQueue:
+    """One worker thread for "everything" jobs, and at most ``max_jobs`` of them waiting or
+    running at once: ``submit`` raises :class:`QueueFull` beyond that."""
+
+    def __init__(self, max_jobs: int) -> None:
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
+        self.max_jobs = max_jobs
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="everything")
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        with self._lock:
+            if self._pending >= self.max_jobs:
+                raise QueueFull(
+                    f"{self._pending} 'everything' jobs are already waiting or running (the "
+                    f"limit is {self.max_jobs}): try again when one has finished"
+                )
+            self._pending += 1
+        try:
+            future = self._executor.submit(fn, *args)
+        except BaseException:
+            self._done(None)
+            raise
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future | None) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
 @dataclass
 class EverythingJob:
     """An "everything" job: its progress in generator batches and, once done, its masks."""
@@ -275,11 +320,12 @@ def cancel_jobs(session: Session) -> None:
 def start_everything(
     service: ModelService,
     store: SessionStore,
-    jobs: Executor,
+    jobs: JobQueue,
     session: Session,
     options: dict[str, Any],
 ) -> EverythingJob:
-    """Queue automatic mask generation on a session; ``options`` are the generator's."""
+    """Queue automatic mask generation on a session; ``options`` are the generator's.
+    Raises :class:`QueueFull` when ``jobs`` holds its maximum."""
     from ..predict.sam_v1.amg_utils import generate_crop_boxes
 
     job = EverythingJob(store.new_id(), total=0)
@@ -290,8 +336,19 @@ def start_everything(
     batch = options["points_per_batch"]
     job.total = sum(math.ceil(len(gen.point_grids[i]) / batch) for i in layers)
     session.jobs[job.id] = job
-    jobs.submit(_run_everything, service, store, session, job, gen)
+    try:
+        jobs.submit(_run_everything, service, store, session, job, gen)
+    except QueueFull:
+        session.jobs.pop(job.id, None)
+        raise
     return job
 
 
-__all__ = ["EverythingJob", "ModelService", "cancel_jobs", "start_everything"]
+__all__ = [
+    "EverythingJob",
+    "JobQueue",
+    "ModelService",
+    "QueueFull",
+    "cancel_jobs",
+    "start_everything",
+]

@@ -2,8 +2,10 @@
 
 Uploads an image through the file picker, clicks, right-clicks and drags a box, and checks
 that the mask drawn on the overlay canvas is, pixel for pixel, the API's mask for the same
-prompts. Saves a screenshot under test-artifacts/. Needs Debian's chromium at
-/usr/bin/chromium (``make test`` installs it); skips locally without it, fails in CI.
+prompts. The servers require a token, which the page takes from the address's ``#token=``
+as ``paddle-sam serve --token`` prints it. Saves a screenshot under test-artifacts/. Needs
+Debian's chromium at /usr/bin/chromium (``make test`` installs it); skips locally without
+it, fails in CI.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+TOKEN = "e2e-test-token_0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 # without the background-networking flags Chromium's own connections fail on a closed network
 ARGS = [
     "--headless",
@@ -99,7 +103,7 @@ def api_mask(url: str, sid: str, points, box=None) -> tuple[np.ndarray, float]:
         "box": box,
         "outputs": ["png"],
     }
-    r = httpx.post(f"{url}/sessions/{sid}/prompt", json=body, timeout=30)
+    r = httpx.post(f"{url}/sessions/{sid}/prompt", json=body, headers=AUTH, timeout=30)
     assert r.status_code == 200, r.text
     m = r.json()["masks"][0]
     return decode_mask_png(base64.b64decode(m["png"])), m["score"]
@@ -108,6 +112,16 @@ def api_mask(url: str, sid: str, points, box=None) -> tuple[np.ndarray, float]:
 def click_at(page, fx: float, fy: float, button: str = "left") -> None:
     box = page.locator("#prompt-canvas").bounding_box()
     page.mouse.click(box["x"] + fx * box["width"], box["y"] + fy * box["height"], button=button)
+
+
+def open_page(page, server: ThreadedServer, model_info: str = "model ") -> None:
+    """The page at the address the server prints (``/#token=...``): it loads, reads the
+    token, takes it out of the address bar and reaches the API with it."""
+    page.goto(f"{server.url}/#token={TOKEN}")
+    page.wait_for_function(
+        f"document.getElementById('model-info').textContent.startsWith({model_info!r})"
+    )
+    assert "token" not in page.url
 
 
 def wait_version(page, v: int) -> None:
@@ -127,11 +141,16 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
     img = make_image(H, W, seed=5)
     path = tmp_path / "photo.png"
     path.write_bytes(png_bytes(img))
-    with ThreadedServer(create_app(tiny_model(seed=1))) as server:
+    with ThreadedServer(create_app(tiny_model(seed=1), token=TOKEN)) as server:
+        # without the token the page loads and says what it needs; the API refuses it
         page.goto(server.url + "/")
         page.wait_for_function(
-            "document.getElementById('model-info').textContent.startsWith('model ')"
+            "document.getElementById('model-info').textContent === 'token needed'"
         )
+        assert "#token=" in page.locator("#status").inner_text()
+        assert httpx.get(f"{server.url}/health").status_code == 401
+        errors.clear()  # the browser logs the 401
+        open_page(page, server)
         assert page.locator("#text-form").is_hidden()  # SAM v1 takes no text
 
         page.set_input_files("#file-input", str(path))
@@ -182,7 +201,7 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         box = page.evaluate("JSON.parse(document.getElementById('prompt-canvas').dataset.box)")
         assert box[0] == pytest.approx(0.1 * W, abs=3) and box[3] == pytest.approx(0.9 * H, abs=3)
         shown, _ = overlay_mask(page)
-        last = httpx.get(f"{server.url}/sessions/{sid}/masks/0.png").content
+        last = httpx.get(f"{server.url}/sessions/{sid}/masks/0.png", headers=AUTH).content
         np.testing.assert_array_equal(shown, decode_mask_png(last))  # the server's last answer
         np.testing.assert_array_equal(shown, api_mask(server.url, sid, points, box)[0])
 
@@ -203,7 +222,7 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         page.locator("#mask-choices button").nth(2).click()
         wait_version(page, 6)
         shown, _ = overlay_mask(page)
-        last = httpx.get(f"{server.url}/sessions/{sid}/masks/2.png").content
+        last = httpx.get(f"{server.url}/sessions/{sid}/masks/2.png", headers=AUTH).content
         np.testing.assert_array_equal(shown, decode_mask_png(last))
 
         # "Segment everything": a background job with a progress bar, then every mask drawn.
@@ -226,7 +245,7 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
             "/^\\d+ masks? in/.test(document.getElementById('status').textContent)",
             timeout=60_000,
         )
-        job = httpx.get(jobs[-1]).json()
+        job = httpx.get(jobs[-1], headers=AUTH).json()
         assert job["status"] == "done" and len(job["masks"]) > 0
         assert page.locator("#status").inner_text().startswith(f"{len(job['masks'])} mask")
         union = np.zeros(img.shape[:2], bool)
@@ -258,7 +277,8 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
             timeout=60_000,
         )
         assert page.evaluate("document.getElementById('overlay-canvas').width") == 150
-        assert httpx.get(f"{server.url}/sessions/{sid}").status_code == 404  # the page freed it
+        # the page freed it
+        assert httpx.get(f"{server.url}/sessions/{sid}", headers=AUTH).status_code == 404
         assert errors == []
 
         # the server evicts the page's session: the next click re-uploads and still answers
@@ -266,11 +286,15 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         store = server.server.config.app.state.store
         budget, store.budget_bytes = store.budget_bytes, other.nbytes + 40_000
         try:
-            r = httpx.post(f"{server.url}/sessions", files={"image": ("x.png", png_bytes(other))})
+            r = httpx.post(
+                f"{server.url}/sessions",
+                files={"image": ("x.png", png_bytes(other))},
+                headers=AUTH,
+            )
             assert r.status_code == 201
         finally:
             store.budget_bytes = budget
-        assert httpx.get(f"{server.url}/sessions/{dropped}").status_code == 410
+        assert httpx.get(f"{server.url}/sessions/{dropped}", headers=AUTH).status_code == 410
         version = int(page.locator("#overlay-canvas").get_attribute("data-version"))
         click_at(page, 0.5, 0.5)
         wait_version(page, version + 1)
@@ -302,11 +326,8 @@ def test_text_box_for_a_model_that_takes_text(browser_page, tmp_path):
 
     path = tmp_path / "photo.png"
     path.write_bytes(png_bytes(make_image(120, 160, seed=7)))
-    with ThreadedServer(create_app(TextPredictor(tiny_model(seed=2)))) as server:
-        page.goto(server.url + "/")
-        page.wait_for_function(
-            "document.getElementById('model-info').textContent.startsWith('model ')"
-        )
+    with ThreadedServer(create_app(TextPredictor(tiny_model(seed=2)), token=TOKEN)) as server:
+        open_page(page, server)
         assert page.locator("#text-form").is_visible()
         page.set_input_files("#file-input", str(path))
         page.wait_for_function(
@@ -334,17 +355,14 @@ def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
     thr = sam3_threshold(model, img, "a red disc", keep=3)
 
     def api_union(url, sid, body) -> tuple[np.ndarray, list[float], np.ndarray]:
-        r = httpx.post(f"{url}/sessions/{sid}/prompt", json=body, timeout=30)
+        r = httpx.post(f"{url}/sessions/{sid}/prompt", json=body, headers=AUTH, timeout=30)
         assert r.status_code == 200, r.text
         masks = [decode_mask_png(base64.b64decode(m["png"])) for m in r.json()["masks"]]
         return np.logical_or.reduce(masks), [m["score"] for m in r.json()["masks"]], masks[0]
 
-    app = create_app(Sam3Predictor(model, confidence_threshold=thr))
+    app = create_app(Sam3Predictor(model, confidence_threshold=thr), token=TOKEN)
     with ThreadedServer(app) as server:
-        page.goto(server.url + "/")
-        page.wait_for_function(
-            "document.getElementById('model-info').textContent.startsWith('model sam3')"
-        )
+        open_page(page, server, "model sam3")
         assert page.locator("#text-form").is_visible()
         assert page.locator("#multimask-label").is_hidden()
         assert page.locator("#negative-label").is_hidden()

@@ -4,6 +4,45 @@
 
 const $ = (id) => document.getElementById(id);
 
+// -- the server's token --
+// `paddle-sam serve --token T` prints this page's address ending in /#token=T. The
+// fragment never reaches the server or its logs; the page keeps the token in sessionStorage
+// (this tab only), takes it out of the address bar, and sends it with every request.
+
+const TOKEN_KEY = "paddle-sam-token";
+
+function readToken() {
+  const m = /(?:^#|&)token=([^&]*)/.exec(window.location.hash);
+  if (m) {
+    const token = decodeURIComponent(m[1]);
+    try {
+      sessionStorage.setItem(TOKEN_KEY, token);
+    } catch (_) {
+      // storage disabled: the token lives as long as the page
+    }
+    history.replaceState(null, "", window.location.pathname + window.location.search);
+    return token;
+  }
+  try {
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  } catch (_) {
+    return "";
+  }
+}
+
+let TOKEN = readToken();
+
+function authHeaders(headers = {}) {
+  return TOKEN ? { ...headers, Authorization: `Bearer ${TOKEN}` } : headers;
+}
+
+function api(url, options = {}) {
+  return fetch(url, { ...options, headers: authHeaders(options.headers || {}) });
+}
+
+const NEEDS_TOKEN = "This server needs its token: open the address it printed (ending in " +
+  "#token=…).";
+
 const state = {
   health: null,
   file: null,            // kept to re-upload if the server evicted our session
@@ -41,6 +80,7 @@ function setProgress(value) {
 }
 
 async function apiError(response) {
+  if (response.status === 401) return NEEDS_TOKEN;
   try {
     const body = await response.json();
     return body.detail || body.error || response.statusText;
@@ -53,7 +93,12 @@ async function apiError(response) {
 
 async function loadHealth() {
   try {
-    const r = await fetch("/health");
+    const r = await api("/health");
+    if (r.status === 401) {
+      $("model-info").textContent = "token needed";
+      setStatus(NEEDS_TOKEN, true);
+      return;
+    }
     state.health = await r.json();
     const m = state.health.model;
     $("model-info").textContent =
@@ -86,6 +131,7 @@ function upload(file) {
     form.append("image", file, file.name || "image");
     const uploadId = newUploadId();
     xhr.open("POST", `/sessions?upload_id=${uploadId}`);
+    if (TOKEN) xhr.setRequestHeader("Authorization", `Bearer ${TOKEN}`);
     xhr.responseType = "json";
     // the server counts image-encoder blocks; without that (exported models) the bar follows
     // the last embedding's duration
@@ -108,7 +154,7 @@ function upload(file) {
         if (!polling) {
           polling = true;
           try {
-            const p = await (await fetch(`/uploads/${uploadId}`)).json();
+            const p = await (await api(`/uploads/${uploadId}`)).json();
             if (p.total) state.embedFraction = p.done / p.total;
           } catch (_) {
             // progress is a nicety: the upload itself reports any failure
@@ -125,6 +171,7 @@ function upload(file) {
     xhr.onload = () => {
       clearInterval(timer);
       if (xhr.status === 201) resolve(xhr.response);
+      else if (xhr.status === 401) reject(new Error(NEEDS_TOKEN));
       else {
         const body = xhr.response || {};
         reject(new Error(body.detail || `upload failed (${xhr.status})`));
@@ -141,7 +188,7 @@ function upload(file) {
 async function openFile(file) {
   if (!file) return;
   if (state.session) {
-    fetch(`/sessions/${state.session.session_id}`, { method: "DELETE" }).catch(() => {});
+    api(`/sessions/${state.session.session_id}`, { method: "DELETE" }).catch(() => {});
   }
   state.file = file;
   state.session = null;
@@ -293,7 +340,7 @@ async function sendPrompt() {
   if (state.text) body.text = state.text;
   const sid = state.session.session_id;
   try {
-    const r = await fetch(`/sessions/${sid}/prompt`, {
+    const r = await api(`/sessions/${sid}/prompt`, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
@@ -503,7 +550,7 @@ async function everything() {
   const sid = state.session.session_id;
   $("everything-button").disabled = true;
   resetPrompts();
-  let r = await fetch(`/sessions/${sid}/everything`, {
+  let r = await api(`/sessions/${sid}/everything`, {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ points_per_side: 16 }),
@@ -519,7 +566,7 @@ async function everything() {
     setStatus(`Segmenting everything… batch ${job.done} of ${job.total}`);
     setProgress(job.progress);
     await new Promise((ok) => setTimeout(ok, 300));
-    r = await fetch(`/sessions/${sid}/everything/${job.job_id}`);
+    r = await api(`/sessions/${sid}/everything/${job.job_id}`);
     if (!r.ok) {
       setStatus(await apiError(r), true);
       break;
@@ -656,3 +703,10 @@ function bindControls() {
 bindCanvas();
 bindControls();
 loadHealth();
+// the address with #token=... pasted into this tab after it loaded without one
+window.addEventListener("hashchange", () => {
+  if (!/(?:^#|&)token=/.test(window.location.hash)) return;
+  TOKEN = readToken();
+  setStatus("Open an image (button or drag and drop).");
+  loadHealth();
+});
