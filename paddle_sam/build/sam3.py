@@ -13,8 +13,8 @@ from pathlib import Path
 import paddle
 
 from ..convert import sam3_hf
-from ..convert.checkpoint import read_sam3_weights
-from ..convert.core import load_state_strict, read_sidecar, sidecar_spec
+from ..convert.checkpoint import checked_sidecar_spec, read_sam3_weights
+from ..convert.core import load_state_strict, read_sidecar
 from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model
 from ..models.sam3.sam3_image import Sam3Image
 from ..predict.sam3.predictor import Sam3Predictor
@@ -77,14 +77,20 @@ def load_sam3(
 ) -> Sam3Image:
     """Build and strictly load a SAM 3 image model from a converted ``.pdparams`` or an official
     checkpoint (released ``sam3.pt``, or HF: ``.safetensors``, sharded index, folder), its
-    sizes from the sidecar if present (the released sizes otherwise)."""
+    sizes from the sidecar if present (the released sizes otherwise). A sidecar is checked
+    against the weights (their shapes, read without the data) before the model is built: a
+    wrong or lying one is a one-line :class:`CheckpointFormatError`."""
     checkpoint = Path(checkpoint)
     if not (checkpoint.is_file() or sam3_hf.is_hf_source(checkpoint) and checkpoint.exists()):
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
     meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
     if meta.get("model_type", "sam3") != "sam3":
         raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
-    spec = sidecar_spec(checkpoint, meta, Sam3Spec) if "spec" in meta else SAM3_SPEC
+    spec = SAM3_SPEC
+    if "spec" in meta:
+        spec = checked_sidecar_spec(
+            checkpoint, meta, Sam3Spec, enable_inst_interactivity=enable_inst_interactivity
+        )
     return build_sam3_image_model(
         bpe_path=bpe_path,
         checkpoint_path=checkpoint,

@@ -10,14 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..convert.checkpoint import read_sam_v1_weights, resolve_spec
-from ..convert.core import (
-    PADDLE_SUFFIX,
-    load_state_strict,
-    read_sidecar,
-    sidecar_path,
-    sidecar_spec,
-)
+from ..convert.checkpoint import checked_sidecar_spec, read_sam_v1_weights, resolve_spec
+from ..convert.core import PADDLE_SUFFIX, load_state_strict, read_sidecar, sidecar_path
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
 from ..models.sam_v1.sam import Sam
 
@@ -45,7 +39,9 @@ def load_sam_weights(model: Sam, path: str | os.PathLike) -> None:
 def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sam:
     """Build and load a model from a checkpoint, taking its size from the sidecar if present.
 
-    Without a sidecar the size is ``model_type`` or, for official files, detected.
+    Without a sidecar the size is ``model_type`` or, for official files, detected. A sidecar is
+    checked against the weights (their shapes, read without the data) before the model is
+    built: a wrong or lying one is a one-line :class:`CheckpointFormatError`.
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
@@ -57,12 +53,12 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
             "build_sam3_image_model(checkpoint_path=...)"
         )
     if meta is not None and "spec" in meta:
-        spec = sidecar_spec(checkpoint, meta, SamSpec)
         if model_type not in (None, meta.get("model_type")):
             raise ValueError(
                 f"--model-type {model_type} does not match {checkpoint}, converted as "
                 f"{meta.get('model_type')}"
             )
+        spec = checked_sidecar_spec(checkpoint, meta, SamSpec)
     elif checkpoint.suffix != PADDLE_SUFFIX:
         # an official file: read it once, both to check or detect its size and to load it
         from ..convert.sam_v1 import convert_state_dict

@@ -51,9 +51,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _export_sam3(args: argparse.Namespace) -> int:
     """``export`` of a SAM 3 checkpoint: backbone, text encoder and prompt decoder."""
     from ..build.sam3 import load_sam3
-    from ..convert.core import read_sidecar, sidecar_spec
+    from ..convert.core import read_sidecar
     from ..export.sam3 import export_sam3
-    from ..models.sam3.build_sam3 import Sam3Spec
 
     if args.format != "pir":
         raise ValueError("SAM 3 exports to PIR programs only (--format pir)")
@@ -70,7 +69,6 @@ def _export_sam3(args: argparse.Namespace) -> int:
         args.output,
         source_sha256=(meta.get("source") or {}).get("sha256"),
         overwrite=args.overwrite,
-        spec=sidecar_spec(args.checkpoint, meta, Sam3Spec) if "spec" in meta else None,
         fused_attention=args.fused_attention,
     )
     print(

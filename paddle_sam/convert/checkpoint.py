@@ -13,8 +13,8 @@ and HF transformers (``Sam3Model`` / ``facebook/sam3``: a ``.safetensors`` file,
 from __future__ import annotations
 
 import json
+import math
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,19 @@ from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from . import sam3, sam3_hf, sam_v1
 from .core import (
     PADDLE_SUFFIX,
+    CheckpointFormatError,
     CheckpointMismatchError,
     model_shapes,
+    pdparams_shapes,
     read_pdparams,
     read_sidecar,
     save_pdparams,
     sha256_file,
     sidecar_meta,
     sidecar_path,
+    sidecar_spec,
 )
-from .torch_reader import load_state_dict
+from .torch_reader import load_state_dict, load_tensor_shapes, read_zip_pickle
 
 
 def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tuple[str, SamSpec]:
@@ -232,12 +235,13 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
     hf_needle = b'"vision_encoder.backbone.'  # HF Sam3Model (SAM v1's HF keys lack "backbone")
     hf_video_needle = b'"' + sam3_hf.HF_DETECTOR_PREFIX.encode() + b"vision_encoder.backbone."
     try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as zf:
-                pickles = [n for n in zf.namelist() if n.endswith("/data.pkl")]
-                if len(pickles) != 1:
-                    return None
-                return "sam3" if needle.encode() in zf.read(pickles[0]) else "sam_v1"
+        with open(path, "rb") as f:
+            is_zip = f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
+        if is_zip:  # the pickle's size is capped: a zip bomb is left to the loader's error
+            pickle_bytes = read_zip_pickle(path)
+            if pickle_bytes is None:
+                return None
+            return "sam3" if needle.encode() in pickle_bytes else "sam_v1"
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) == 8:
@@ -247,16 +251,184 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
                     if header[:1] == b"{":
                         sam3_keys = (needle.encode(), hf_needle, hf_video_needle)
                         return "sam3" if any(n in header for n in sam3_keys) else "sam_v1"
-    except (OSError, zipfile.BadZipFile):
+    except OSError:
         return None
     return None
 
 
+# ------------------------------------------------------------------- sidecar check
+# A sidecar names the model to build for its weights; a wrong one must fail before that model
+# is built (a lying sidecar could ask for any size). The floors are lower bounds of a model's
+# parameters (and its largest buffers, SAM 3's RoPE tables), its number of weight tensors,
+# from the spec alone (tests/hostile/test_checkpoints.py checks them against built models).
+
+#: a sidecar's model may be this much larger than the weights it comes with (the floors are
+#: lower bounds, so a true sidecar is far inside)
+SIDECAR_SIZE_SLACK = 1.1
+
+
+def _sam_v1_floor(s: SamSpec) -> tuple[int, int]:
+    """Lower bounds of (parameters, weight tensors) of the SAM v1 model of ``s``."""
+    d, p = s.encoder_embed_dim, s.vit_patch_size
+    hd, g = d // s.encoder_num_heads, s.image_size // p
+    hidden, emb = int(d * s.mlp_ratio), s.prompt_embed_dim
+    n_glob = len(set(s.encoder_global_attn_indexes))
+    windowed = s.encoder_depth - n_glob
+    params = (
+        s.encoder_depth * (4 * d * d + 2 * d * hidden)
+        + 2 * hd * (n_glob * (2 * g - 1) + windowed * (2 * s.window_size - 1))  # rel. positions
+        + 3 * p * p * d  # patch embedding
+        + g * g * d  # absolute positions
+        + d * emb
+        + 9 * emb * emb  # neck
+        + s.mask_in_chans * emb
+        + s.decoder_depth * (4 * emb * emb + 2 * emb * s.decoder_mlp_dim)
+        + (s.num_multimask_outputs + 1) * 2 * emb * emb  # hypernetwork MLPs
+    )
+    if s.iou_head_depth >= 2:
+        h = s.iou_head_hidden_dim
+        params += emb * h + (s.iou_head_depth - 2) * h * h
+    tensors = (
+        12 * s.encoder_depth
+        + 10 * s.decoder_depth
+        + 2 * s.iou_head_depth
+        + 6 * (s.num_multimask_outputs + 1)
+    )
+    return params, tensors
+
+
+def _sam3_floor(s: Sam3Spec) -> tuple[int, int]:
+    """Lower bounds of (parameters plus RoPE table elements, weight tensors) of the SAM 3
+    image model of ``s``."""
+    d, p = s.encoder_embed_dim, s.vit_patch_size
+    hd, g, pt = d // s.encoder_num_heads, s.image_size // p, s.pretrain_image_size // p
+    hidden, dm, ff, w = int(d * s.mlp_ratio), s.d_model, s.dim_feedforward, s.text_width
+    n_glob = len(set(s.encoder_global_attn_indexes))
+    params = (
+        s.encoder_depth * (4 * d * d + 2 * d * hidden)
+        + 3 * p * p * d
+        + (pt * pt + 1) * d
+        + len(s.scale_factors) * 9 * dm * dm
+        + s.text_layers * 12 * w * w
+        + (s.vocab_size + s.context_length) * w
+        + s.encoder_layers * (8 * dm * dm + 2 * dm * ff)
+        + s.decoder_layers * (12 * dm * dm + 2 * dm * ff)
+        + s.geometry_layers * (8 * dm * dm + 2 * dm * ff)
+        + s.num_queries * dm
+        + s.upsampling_stages * 9 * dm * dm
+    )
+    rope = 2 * hd * (n_glob * g * g + (s.encoder_depth - n_glob) * s.window_size**2)
+    tensors = (
+        12 * s.encoder_depth
+        + 12 * s.text_layers
+        + 20 * s.encoder_layers
+        + 26 * s.decoder_layers
+        + 20 * s.geometry_layers
+        + 2 * len(s.scale_factors)
+    )
+    return params + rope, tensors
+
+
+def model_floor(spec: SamSpec | Sam3Spec) -> tuple[int, int]:
+    """Lower bounds of (elements, weight tensors) of the model of ``spec``, from the spec alone
+    (nothing is built)."""
+    return _sam_v1_floor(spec) if isinstance(spec, SamSpec) else _sam3_floor(spec)
+
+
+def weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
+    """``{key: shape}`` of a checkpoint file's tensors, without reading their data: a
+    ``.pdparams`` from its pickle, an official file from its pickle or safetensors header.
+    None for an HF folder or sharded index."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    if path.suffix == PADDLE_SUFFIX:
+        return pdparams_shapes(path)
+    return load_tensor_shapes(path)
+
+
+def _layout_mismatch(
+    expected: dict[str, tuple[int, ...]], held: dict[str, tuple[int, ...]]
+) -> str | None:
+    """One line listing how ``held`` shapes differ from ``expected``, or None."""
+    wrong = [
+        f"{k}: file {list(held[k])}, spec {list(s)}"
+        for k, s in expected.items()
+        if k in held and tuple(held[k]) != tuple(s)
+    ]
+    missing = [k for k in expected if k not in held]
+    extra = [k for k in held if k not in expected]
+    parts = [
+        f"{len(items)} {title} ({'; '.join(items[:2])}{'; ...' if len(items) > 2 else ''})"
+        for title, items in (("mis-shaped", wrong), ("missing", missing), ("unexpected", extra))
+        if items
+    ]
+    return ", ".join(parts) or None
+
+
+def checked_sidecar_spec(
+    checkpoint: str | os.PathLike,
+    meta: dict,
+    spec_cls: type[SamSpec] | type[Sam3Spec],
+    *,
+    enable_inst_interactivity: bool = False,
+) -> Any:
+    """The spec of ``checkpoint``'s sidecar ``meta``, checked against the weights before any
+    model is built: JSON types and sizes (:func:`~.core.sidecar_spec`), the size of the model it
+    describes against what the file holds, and for a ``.pdparams`` every weight's key and shape
+    (from the pickle; the model is declared under ``paddle.LazyGuard``, never allocated). Each
+    problem is a one-line :class:`CheckpointFormatError` naming the sidecar."""
+    checkpoint = Path(checkpoint)
+    side = sidecar_path(checkpoint)
+    spec = sidecar_spec(checkpoint, meta, spec_cls)
+    held = weight_shapes(checkpoint)
+    if held is None:
+        return spec
+    elements, tensors = model_floor(spec)
+    held_elements = sum(math.prod(s) for s in held.values())
+    if elements > SIDECAR_SIZE_SLACK * held_elements:
+        raise CheckpointFormatError(
+            f"sidecar {side}: its spec describes a model of at least {elements:,} parameters "
+            f"({elements * 4 / 2**20:,.1f} MiB as float32), {checkpoint.name} holds "
+            f"{held_elements:,}: the sidecar does not belong to these weights"
+        )
+    if tensors > len(held):
+        raise CheckpointFormatError(
+            f"sidecar {side}: its spec describes a model of at least {tensors} weight tensors, "
+            f"{checkpoint.name} holds {len(held)}: the sidecar does not belong to these weights"
+        )
+    if checkpoint.suffix != PADDLE_SUFFIX:
+        return spec  # official layouts: the converter checks every key strictly
+    try:
+        if isinstance(spec, SamSpec):
+            expected = sam_v1.expected_layout(spec)[0]
+        else:
+            expected = sam3.expected_layout(spec, enable_inst_interactivity)
+            skip = tuple(
+                prefix
+                for prefix in (*sam3.INTERACTIVE_ONLY, *sam3.VIDEO_ONLY)
+                if not any(k.startswith(prefix) for k in expected)
+            )
+            held = {k: v for k, v in held.items() if not k.startswith(skip)}
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise CheckpointFormatError(
+            f"sidecar {side}: no model can be built of its spec: {exc}"
+        ) from exc
+    problems = _layout_mismatch(expected, held)
+    if problems:
+        raise CheckpointFormatError(
+            f"sidecar {side}: its spec does not match the weights in {checkpoint.name}: {problems}"
+        )
+    return spec
+
+
 __all__ = [
+    "checked_sidecar_spec",
     "convert_checkpoint",
     "detect_family",
     "read_sam3_weights",
     "read_sam_v1_weights",
     "resolve_spec",
     "sidecar_path",
+    "weight_shapes",
 ]

@@ -48,6 +48,8 @@ __all__ = [
     "UnsafeCheckpointError",
     "load_checkpoint_tree",
     "load_state_dict",
+    "load_tensor_shapes",
+    "read_zip_pickle",
 ]
 
 Progress = bool | Literal["always"]
@@ -58,10 +60,24 @@ PROGRESS_MIN_BYTES = 100 * 1024 * 1024
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
+# Memory limits: what the reader allocates is bounded by what a real checkpoint needs, never by
+# sizes a hostile file merely declares.
+#
 # Broadcast (stride-0) tensors may legitimately be larger than their storage; cap the total
-# extra memory such tensors may claim so a hostile file cannot ask for terabytes.
-_MAX_EXPANSION_BYTES = 1 << 30
+# extra memory such tensors may claim, counted as float32 (or wider) elements, the size they
+# reach once converted, so a hostile file cannot ask for terabytes. Real checkpoints hold no
+# broadcast tensors worth mentioning.
+_MAX_EXPANSION_BYTES = 256 << 20
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+# A checkpoint's pickle is kilobytes to a few MiB (the tensors live in storage records).
+_MAX_PICKLE_BYTES = 64 << 20
+# torch.save writes zip records uncompressed (ZIP_STORED). Compressed records (an archive
+# re-zipped by hand) are read, but all of them together may not expand to more than this
+# ratio of their compressed size plus a little: a zip bomb stays a few MiB.
+_MAX_ZIP_RATIO = 8
+_ZIP_SLACK_BYTES = 1 << 20
+# Small records that hold a word.
+_MAX_SMALL_RECORD = 4096
 
 
 class _Bad(Exception):
@@ -380,6 +396,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return sub
 
 
+def _unpickle(f: IO[bytes], path: str, storages: dict[str, _Storage]) -> Any:
+    try:
+        return _RestrictedUnpickler(f, path, storages).load()
+    except MemoryError:
+        # a byte string or container declared far larger than memory: never a real checkpoint
+        raise _Bad("the pickle declares an object larger than available memory") from None
+
+
 # ----------------------------------------------------------------------------- materialising
 
 
@@ -427,10 +451,17 @@ def _replace(obj: Any, memo: dict[int, Any]) -> Any:
     return obj
 
 
+def _widened_itemsize(elem: _Elem) -> int:
+    """Bytes per element once converted: the converters widen every float to float32."""
+    return max(elem.itemsize, 4)
+
+
 def _finish(arr: np.ndarray, elem: _Elem) -> np.ndarray:
     """Convert stored bytes to the output dtype (native order; bfloat16 widened to float32)."""
     if elem.name == "bfloat16":
-        return (arr.astype(np.uint32) << 16).view(np.float32)
+        out = arr.astype(np.uint32)
+        out <<= 16  # in place: the widened copy is the only one made
+        return out.view(np.float32)
     if not arr.dtype.isnative:
         return arr.astype(arr.dtype.newbyteorder("="))
     return arr
@@ -474,11 +505,17 @@ class _Materializer:
                 f"tensor of shape {user.shape} (stride {user.stride}, offset {user.offset}, "
                 f"{elem.name}) reads past the end of storage {storage.key!r} ({avail} bytes)"
             )
-        excess = numel * isz - avail
+        # elements beyond the storage's, at the size they reach once widened to float32
+        excess = (numel - avail // isz) * _widened_itemsize(elem)
         if excess > 0:
             self.expansion_left -= excess
             if self.expansion_left < 0:
-                raise _Bad("broadcast tensors expand to far more memory than the file holds")
+                raise _Bad(
+                    f"broadcast tensors expand to far more memory than the file holds (a "
+                    f"{elem.name} tensor of shape {list(user.shape)} from {avail} bytes of "
+                    f"storage {storage.key!r}; at most {_MAX_EXPANSION_BYTES >> 20} MiB of "
+                    "expansion is read)"
+                )
         start = storage.byte_offset
         buf = raw[start : start + avail // isz * isz].view(self.dtype(elem))
         if (
@@ -488,16 +525,19 @@ class _Materializer:
             and numel * isz == raw.size
             and _c_contiguous(user.shape, user.stride)
         ):
-            arr = buf.reshape(user.shape)
+            user.value = _finish(buf.reshape(user.shape), elem)
+            return
+        steps = tuple(s * isz if n > 1 else 0 for n, s in zip(user.shape, user.stride, strict=True))
+        view = np.lib.stride_tricks.as_strided(
+            buf[user.offset :], shape=user.shape, strides=steps, writeable=False
+        )
+        if elem.name == "bfloat16":  # widen while copying: no bfloat16 copy on the way
+            out = np.empty(user.shape, np.uint32)
+            np.copyto(out, view, casting="safe")
+            out <<= 16
+            user.value = out.view(np.float32)
         else:
-            steps = tuple(
-                s * isz if n > 1 else 0 for n, s in zip(user.shape, user.stride, strict=True)
-            )
-            view = np.lib.stride_tricks.as_strided(
-                buf[user.offset :], shape=user.shape, strides=steps, writeable=False
-            )
-            arr = np.array(view, copy=True, order="C")
-        user.value = _finish(arr, elem)
+            user.value = _finish(np.array(view, copy=True, order="C"), elem)
 
 
 RootReader = Callable[[list[_Storage]], Iterator[tuple[_Storage, np.ndarray]]]
@@ -528,6 +568,25 @@ def _materialize(
     missing = [r.key for i, r in roots.items() if i not in done]
     if missing:
         raise _Bad(f"storage data missing for keys {missing[:5]}")
+    return _replace(tree, {})
+
+
+class _ShapeLeaf:
+    """A tensor's shape where :func:`load_tensor_shapes` leaves the tensor unread."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+
+def _shapes_only(tree: Any) -> Any:
+    """The tree with every tensor (and raw storage) replaced by its :class:`_ShapeLeaf`."""
+    found: list[_LazyTensor | _Storage] = []
+    _walk(tree, set(), found)
+    for item in found:
+        shape = item.shape if isinstance(item, _LazyTensor) else (item.numel,)
+        item.value = _ShapeLeaf(shape)  # type: ignore[assignment]
     return _replace(tree, {})
 
 
@@ -570,6 +629,58 @@ def _read_exact(f: IO[bytes], n: int, what: str) -> np.ndarray:
     return buf
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _check_zip_sizes(zf: zipfile.ZipFile, archive_size: int) -> None:
+    """Refuse, before reading anything, records whose declared sizes a real ``torch.save``
+    archive never has: stored records larger than the archive, and compressed records that
+    expand beyond :data:`_MAX_ZIP_RATIO` (a zip bomb)."""
+    packed = unpacked = 0
+    for info in zf.infolist():
+        name = info.filename
+        if info.flag_bits & 0x1:
+            raise _Bad(f"record {name!r} is encrypted")
+        if info.compress_type == zipfile.ZIP_STORED:
+            if info.file_size != info.compress_size:
+                raise _Bad(
+                    f"stored record {name!r} declares {info.file_size} bytes but occupies "
+                    f"{info.compress_size}"
+                )
+        else:
+            packed += info.compress_size
+            unpacked += info.file_size
+        if info.header_offset + info.compress_size > archive_size:
+            raise _Bad(
+                f"record {name!r} claims {info.compress_size} bytes at offset "
+                f"{info.header_offset}, past the end of the {archive_size}-byte archive"
+            )
+    if unpacked > _MAX_ZIP_RATIO * packed + _ZIP_SLACK_BYTES:
+        raise _Bad(
+            f"compressed records expand from {_mib(packed)} to {_mib(unpacked)} (a zip bomb?); "
+            f"torch.save writes records uncompressed and at most {_MAX_ZIP_RATIO}x expansion "
+            "is read"
+        )
+
+
+def _check_pickle_size(info: zipfile.ZipInfo) -> None:
+    if info.file_size > _MAX_PICKLE_BYTES:
+        raise _Bad(
+            f"pickle record {info.filename!r} is {_mib(info.file_size)}, far above the "
+            f"{_mib(_MAX_PICKLE_BYTES)} a checkpoint's pickle takes (its tensors live in "
+            "separate records)"
+        )
+
+
+def _read_small_record(zf: zipfile.ZipFile, name: str, limit: int, what: str) -> bytes:
+    info = zf.getinfo(name)
+    if info.file_size > limit:
+        raise _Bad(f"{what} record {name!r} is {_mib(info.file_size)}, more than {_mib(limit)}")
+    with zf.open(info) as member:
+        return member.read(limit)  # zipfile stops at the declared size, and checks the CRC
+
+
 def _read_zip_member(zf: zipfile.ZipFile, fh: IO[bytes], info: zipfile.ZipInfo) -> np.ndarray:
     if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
         # torch stores records uncompressed: read straight into the array, then check the CRC.
@@ -578,7 +689,10 @@ def _read_zip_member(zf: zipfile.ZipFile, fh: IO[bytes], info: zipfile.ZipInfo) 
         if len(header) < 30 or header[:4] != b"PK\x03\x04":
             raise _Bad(f"bad local header for record {info.filename!r}")
         name_len, extra_len = struct.unpack("<HH", header[26:30])
-        fh.seek(info.header_offset + 30 + name_len + extra_len)
+        start = info.header_offset + 30 + name_len + extra_len
+        if start + info.file_size > os.fstat(fh.fileno()).st_size:
+            raise _Bad(f"record {info.filename!r} runs past the end of the archive")
+        fh.seek(start)
         buf = _read_exact(fh, info.file_size, f"record {info.filename!r}")
         if zlib.crc32(buf) != info.CRC:
             raise _Bad(f"CRC mismatch in record {info.filename!r} (file corrupt)")
@@ -587,7 +701,7 @@ def _read_zip_member(zf: zipfile.ZipFile, fh: IO[bytes], info: zipfile.ZipInfo) 
         return _read_exact(member, info.file_size, f"record {info.filename!r}")  # type: ignore[arg-type]
 
 
-def _load_zip(path: str, progress: Progress) -> Any:
+def _load_zip(path: str, progress: Progress, shapes_only: bool = False) -> Any:
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, struct.error) as e:
@@ -597,6 +711,8 @@ def _load_zip(path: str, progress: Progress) -> Any:
         pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pickles) != 1:
             raise _Bad(f"zip archive has {len(pickles)} '<dir>/data.pkl' records, expected 1")
+        _check_pickle_size(zf.getinfo(pickles[0]))
+        _check_zip_sizes(zf, os.fstat(fh.fileno()).st_size)
         prefix = pickles[0][: -len("data.pkl")]
         if f"{prefix}constants.pkl" in names or any(n.startswith(f"{prefix}code/") for n in names):
             raise _Bad(
@@ -604,12 +720,16 @@ def _load_zip(path: str, progress: Progress) -> Any:
             )
         byteorder = "little"
         if f"{prefix}byteorder" in names:
-            byteorder = zf.read(f"{prefix}byteorder").decode("ascii", "replace").strip()
+            raw_order = _read_small_record(zf, f"{prefix}byteorder", _MAX_SMALL_RECORD, "byteorder")
+            byteorder = raw_order.decode("ascii", "replace").strip()
             if byteorder not in ("little", "big"):
                 raise _Bad(f"unknown byte order record {byteorder!r}")
-        data = zf.read(pickles[0])
+        data = _read_small_record(zf, pickles[0], _MAX_PICKLE_BYTES, "pickle")
         storages: dict[str, _Storage] = {}
-        tree = _RestrictedUnpickler(io.BytesIO(data), path, storages).load()
+        tree = _unpickle(io.BytesIO(data), path, storages)
+        del data
+        if shapes_only:
+            return _shapes_only(tree)
 
         def read_roots(roots: list[_Storage]) -> Iterator[tuple[_Storage, np.ndarray]]:
             infos = []
@@ -631,12 +751,30 @@ def _load_zip(path: str, progress: Progress) -> Any:
         return _materialize(tree, read_roots, byteorder == "big", path, progress)
 
 
-def _load_legacy(path: str, progress: Progress) -> Any:
+def read_zip_pickle(path: PathLike) -> bytes | None:
+    """The ``<dir>/data.pkl`` record of a torch zip archive, as bytes (never unpickled), or
+    None when the archive has no single one or its sizes are refused (a zip bomb, a pickle
+    far above a checkpoint's): the loaders then say why. For cheap looks at key names."""
+    p = os.fspath(path)
+    try:
+        with zipfile.ZipFile(p) as zf:
+            _check_zip_sizes(zf, os.path.getsize(p))
+            pickles = [n for n in zf.namelist() if n.endswith("/data.pkl")]
+            if len(pickles) != 1:
+                return None
+            return _read_small_record(zf, pickles[0], _MAX_PICKLE_BYTES, "pickle")
+    except (_Bad, zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, struct.error, zlib.error):
+        return None
+    except (OSError, NotImplementedError):  # unreadable, or a compression zipfile lacks
+        return None
+
+
+def _load_legacy(path: str, progress: Progress, shapes_only: bool = False) -> Any:
     with open(path, "rb") as f:
         storages: dict[str, _Storage] = {}
 
         def load() -> Any:
-            return _RestrictedUnpickler(f, path, storages).load()
+            return _unpickle(f, path, storages)
 
         if load() != _LEGACY_MAGIC:
             raise _Bad("pickle stream without the PyTorch magic number (not a torch checkpoint)")
@@ -649,6 +787,22 @@ def _load_legacy(path: str, progress: Progress) -> Any:
         keys = load()
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise _Bad("legacy storage key list is invalid")
+        # every listed storage follows as an 8-byte count and its bytes: refuse sizes the file
+        # cannot hold before anything is allocated
+        left = os.fstat(f.fileno()).st_size - f.tell()
+        need = 0
+        for key in keys:
+            root = storages.get(key)
+            if root is None:
+                raise _Bad(f"storage key {key!r} is listed but never referenced")
+            need += 8 + root.nbytes
+            if need > left:
+                raise _Bad(
+                    f"storage {key!r} claims {root.numel} {root.elem.name} elements "
+                    f"({root.nbytes} bytes), more than the {left} bytes left in the file"
+                )
+        if shapes_only:
+            return _shapes_only(tree)
 
         def read_roots(roots: list[_Storage]) -> Iterator[tuple[_Storage, np.ndarray]]:
             wanted = {r.key for r in roots}
@@ -673,24 +827,60 @@ def _load_legacy(path: str, progress: Progress) -> Any:
         return _materialize(tree, read_roots, False, path, progress)
 
 
-_SAFETENSORS_NUMPY = {
-    "F64",
-    "F32",
-    "F16",
-    "I64",
-    "U64",
-    "I32",
-    "U32",
-    "I16",
-    "U16",
-    "I8",
-    "U8",
-    "BOOL",
-    "C64",
+_SAFETENSORS_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "U64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "C64": 8,
 }
 
 
-def _load_safetensors(path: str, progress: Progress) -> dict[str, np.ndarray]:
+def _check_safetensors_header(header: dict[str, Any], data_bytes: int) -> None:
+    """Every entry well formed, its byte range inside the file and of its shape's size:
+    refused before anything is allocated."""
+    for name, info in header.items():
+        if not isinstance(info, dict):
+            raise _Bad(f"safetensors entry {name!r} is not a JSON object")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise _Bad(f"safetensors entry {name!r} has no dtype")
+        if dtype not in _SAFETENSORS_ITEMSIZE:
+            raise _Bad(f"tensor {name!r} has unsupported dtype {dtype}")
+        if not isinstance(shape, list) or not all(
+            type(d) is int and 0 <= d < 1 << 62 for d in shape
+        ):
+            raise _Bad(f"safetensors entry {name!r} has an invalid shape {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(x) is int for x in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise _Bad(f"safetensors entry {name!r} has invalid data_offsets {offsets!r}")
+        if offsets[1] > data_bytes:
+            raise _Bad(
+                f"tensor {name!r} claims bytes {offsets[0]}..{offsets[1]}, past the end of the "
+                f"file's {data_bytes} data bytes"
+            )
+        size = math.prod(shape) * _SAFETENSORS_ITEMSIZE[dtype]
+        if offsets[1] - offsets[0] != size:
+            raise _Bad(
+                f"tensor {name!r} of shape {shape} ({dtype}) needs {size} bytes, its "
+                f"data_offsets span {offsets[1] - offsets[0]}"
+            )
+
+
+def _load_safetensors(path: str, progress: Progress, shapes_only: bool = False) -> Any:
     try:
         from safetensors import safe_open
     except ImportError as e:  # pragma: no cover - safetensors is a dependency
@@ -704,25 +894,26 @@ def _load_safetensors(path: str, progress: Progress) -> dict[str, np.ndarray]:
         if not isinstance(header, dict):
             raise _Bad("safetensors header is not a JSON object")
         header.pop("__metadata__", None)
+        _check_safetensors_header(header, os.fstat(f.fileno()).st_size - 8 - n)
+        if shapes_only:
+            return {name: _ShapeLeaf(tuple(info["shape"])) for name, info in header.items()}
         try:
             handle = safe_open(path, framework="np")
         except Exception as e:  # SafetensorError and friends
             raise _Bad(f"invalid safetensors file ({e})") from e
         out: dict[str, np.ndarray] = {}
-        total = sum(int(v["data_offsets"][1]) - int(v["data_offsets"][0]) for v in header.values())
+        total = sum(v["data_offsets"][1] - v["data_offsets"][0] for v in header.values())
         with handle, _progress_bar(path, total, progress) as bar:
             for name in sorted(header, key=lambda k: header[k]["data_offsets"][0]):
                 info = header[name]
-                begin, end = (int(x) for x in info["data_offsets"])
+                begin, end = info["data_offsets"]
                 if info["dtype"] == "BF16":
                     f.seek(8 + n + begin)
                     raw = _read_exact(f, end - begin, f"tensor {name!r}").view("<u2")
                     out[name] = _finish(raw, _ELEMS["bfloat16"]).reshape(info["shape"])
-                elif info["dtype"] in _SAFETENSORS_NUMPY:
+                else:
                     arr = handle.get_tensor(name)
                     out[name] = arr if arr.flags.writeable else arr.copy()
-                else:
-                    raise _Bad(f"tensor {name!r} has unsupported dtype {info['dtype']}")
                 bar.update(end - begin)
         return out
 
@@ -749,7 +940,7 @@ def _sniff(path: str) -> str:
     )
 
 
-_LOADERS: dict[str, Callable[[str, Progress], Any]] = {
+_LOADERS: dict[str, Callable[[str, Progress, bool], Any]] = {
     "zip": _load_zip,
     "legacy": _load_legacy,
     "safetensors": _load_safetensors,
@@ -767,13 +958,17 @@ def load_checkpoint_tree(path: PathLike, *, progress: Progress = False) -> Any:
     dict. ``progress=True`` shows a tqdm bar for files over ``PROGRESS_MIN_BYTES``;
     ``progress="always"`` shows it regardless of size.
     """
+    return _read_tree(path, progress, shapes_only=False)
+
+
+def _read_tree(path: PathLike, progress: Progress, shapes_only: bool) -> Any:
     p = os.fspath(path)
     if not os.path.exists(p):
         raise FileNotFoundError(errno.ENOENT, "checkpoint not found", p)
     if os.path.isdir(p):
         raise IsADirectoryError(errno.EISDIR, "checkpoint path is a directory", p)
     try:
-        return _LOADERS[_sniff(p)](p, progress)
+        return _LOADERS[_sniff(p)](p, progress, shapes_only)
     except _Bad as e:
         raise CheckpointFormatError(f"cannot read checkpoint '{p}': {e}") from None
     except CheckpointError:
@@ -790,8 +985,8 @@ def load_checkpoint_tree(path: PathLike, *, progress: Progress = False) -> Any:
         ) from e
 
 
-def _flatten(tree: Any, prefix: str, out: dict[str, np.ndarray], seen: set[int]) -> None:
-    if isinstance(tree, np.ndarray):
+def _flatten(tree: Any, prefix: str, out: dict[str, Any], seen: set[int]) -> None:
+    if isinstance(tree, np.ndarray | _ShapeLeaf):
         if prefix in out:
             raise _Bad(f"key {prefix!r} occurs twice after flattening")
         out[prefix] = tree
@@ -820,12 +1015,23 @@ def load_state_dict(path: PathLike, *, progress: Progress = False) -> dict[str, 
     :func:`load_checkpoint_tree` to see the full object.
     """
     p = os.fspath(path)
-    tree = load_checkpoint_tree(p, progress=progress)
+    return _state(p, load_checkpoint_tree(p, progress=progress))
+
+
+def load_tensor_shapes(path: PathLike) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of the tensors :func:`load_state_dict` would return, from the
+    checkpoint's pickle (or safetensors header) alone: no tensor data is read."""
+    p = os.fspath(path)
+    state = _state(p, _read_tree(p, False, shapes_only=True))
+    return {k: v.shape for k, v in state.items()}
+
+
+def _state(p: str, tree: Any) -> dict[str, Any]:
     if not isinstance(tree, dict):
         raise CheckpointFormatError(
             f"checkpoint '{p}' holds a {type(tree).__name__}, not a dict of tensors"
         )
-    if not any(isinstance(v, np.ndarray) for v in tree.values()):
+    if not any(isinstance(v, np.ndarray | _ShapeLeaf) for v in tree.values()):
         wrappers = [k for k in ("model", "state_dict") if isinstance(tree.get(k), dict)]
         if len(wrappers) > 1:
             raise CheckpointFormatError(
@@ -834,7 +1040,7 @@ def load_state_dict(path: PathLike, *, progress: Progress = False) -> dict[str, 
             )
         if wrappers:
             tree = tree[wrappers[0]]
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Any] = {}
     try:
         _flatten(tree, "", out, set())
     except _Bad as e:
