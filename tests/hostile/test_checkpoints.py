@@ -29,63 +29,18 @@ from typing import Any
 import pytest
 
 from paddle_sam.build.sam_v1 import DEFAULT_MODEL
+from tests.helpers.pickles import LEGACY_MAGIC, G, R, dumps, tensor_rec
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = ROOT / "paddle_sam" / "assets" / "example.png"
 MAX_RSS_BYTES = 1.5e9
 CHILD_TIMEOUT_S = 120
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 MiB = 1 << 20
-
-
-# ----------------------------------------------------------------------------- hand-made pickles
-# A tiny protocol-2 writer: globals, calls, persistent ids, containers and scalars.
-
-
-class G:
-    """A global reference (GLOBAL opcode)."""
-
-    def __init__(self, module: str, name: str) -> None:
-        self.module, self.name = module, name
-
-
-class R:
-    """A call ``func(*args)`` (REDUCE opcode)."""
-
-    def __init__(self, func: Any, *args: Any) -> None:
-        self.func, self.args = func, args
-
-
-class P:
-    """A persistent id (BINPERSID opcode): a torch storage reference."""
-
-    def __init__(self, pid: tuple) -> None:
-        self.pid = pid
-
-
-def enc(obj: Any) -> bytes:
-    if isinstance(obj, G):
-        return b"c" + f"{obj.module}\n{obj.name}\n".encode()
-    if isinstance(obj, R):
-        return enc(obj.func) + enc(tuple(obj.args)) + b"R"
-    if isinstance(obj, P):
-        return enc(obj.pid) + b"Q"
-    if isinstance(obj, tuple):
-        return b"(" + b"".join(enc(v) for v in obj) + b"t"
-    if isinstance(obj, dict):
-        return b"}(" + b"".join(enc(k) + enc(v) for k, v in obj.items()) + b"u"
-    return pickle.dumps(obj, protocol=2)[2:-1]  # ints and strings
-
-
-def dumps(obj: Any) -> bytes:
-    return b"\x80\x02" + enc(obj) + b"."
 
 
 def tensor(storage_cls: str, numel: int, size: tuple, stride: tuple) -> R:
     """``_rebuild_tensor_v2`` of storage "0" (``numel`` elements of ``storage_cls``)."""
-    storage = P(("storage", G("torch", storage_cls), "0", "cpu", numel))
-    hooks = R(G("collections", "OrderedDict"))
-    return R(G("torch._utils", "_rebuild_tensor_v2"), storage, 0, size, stride, False, hooks)
+    return tensor_rec(storage_cls, "0", numel, 0, size, stride)
 
 
 def convert_argv(src: Path) -> list[str]:
