@@ -271,6 +271,14 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
             use_prev_mem_frame=use_prev_mem_frame,
         )
         obj_temp_output_dict[storage_key][frame_idx] = current_out
+        video_res_masks = self._video_res_masks(inference_state, frame_idx, is_cond)
+        return frame_idx, inference_state["obj_ids"], None, video_res_masks
+
+    def _video_res_masks(
+        self, inference_state: dict, frame_idx: int, is_cond: bool
+    ) -> paddle.Tensor:
+        """Every object's mask logits on ``frame_idx`` at the video's resolution, consolidated
+        from the per-object temporary outputs (no memory encoding)."""
         consolidated_out = self._consolidate_temp_output_across_obj(
             inference_state,
             frame_idx,
@@ -281,7 +289,7 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         _, video_res_masks = self._get_orig_video_res_output(
             inference_state, consolidated_out["pred_masks_video_res"]
         )
-        return frame_idx, inference_state["obj_ids"], None, video_res_masks
+        return video_res_masks
 
     def add_new_points(self, *args: Any, **kwargs: Any):
         """Deprecated upstream: :meth:`add_new_points_or_box`."""
@@ -603,16 +611,7 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         is_cond = any(
             frame_idx in d["cond_frame_outputs"] for d in temp_output_dict_per_obj.values()
         )
-        consolidated_out = self._consolidate_temp_output_across_obj(
-            inference_state,
-            frame_idx,
-            is_cond=is_cond,
-            run_mem_encoder=False,
-            consolidate_at_video_res=True,
-        )
-        _, video_res_masks = self._get_orig_video_res_output(
-            inference_state, consolidated_out["pred_masks_video_res"]
-        )
+        video_res_masks = self._video_res_masks(inference_state, frame_idx, is_cond)
         return frame_idx, inference_state["obj_ids"], None, video_res_masks
 
     @paddle.no_grad()
@@ -791,16 +790,7 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
             temp = inference_state["temp_output_dict_per_obj"]
             for frame_idx in input_frames:
                 is_cond = any(frame_idx in d["cond_frame_outputs"] for d in temp.values())
-                consolidated_out = self._consolidate_temp_output_across_obj(
-                    inference_state,
-                    frame_idx,
-                    is_cond=is_cond,
-                    run_mem_encoder=False,
-                    consolidate_at_video_res=True,
-                )
-                _, video_res_masks = self._get_orig_video_res_output(
-                    inference_state, consolidated_out["pred_masks_video_res"]
-                )
+                video_res_masks = self._video_res_masks(inference_state, frame_idx, is_cond)
                 updated_frames.append((frame_idx, video_res_masks))
         return inference_state["obj_ids"], updated_frames
 
