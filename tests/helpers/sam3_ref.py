@@ -82,6 +82,33 @@ def cpu_patches() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def tracker_cpu_patches() -> Iterator[None]:
+    """:func:`cpu_patches` plus what sam3 0.1.4's video tracker needs on the CPU, inside the
+    block only: ``Tensor.cuda`` a no-op (stored memories are moved to CUDA), and
+    ``Sam3TrackerBase.track_step`` accepting and dropping ``gt_masks`` and
+    ``frames_to_add_correction_pt``, which ``_get_empty_mask_ptr`` passes although
+    ``track_step`` has no such arguments (upstream raises a TypeError whenever an object has
+    no output on a frame that another object was prompted on)."""
+    from unittest import mock
+
+    torch, _ = import_sam3()
+    from sam3.model.sam3_tracker_base import Sam3TrackerBase
+
+    track_step = Sam3TrackerBase.track_step
+
+    def track_step_tolerant(self, *args: Any, **kwargs: Any):
+        kwargs.pop("gt_masks", None)
+        kwargs.pop("frames_to_add_correction_pt", None)
+        return track_step(self, *args, **kwargs)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cpu_patches())
+        stack.enter_context(mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self))
+        stack.enter_context(mock.patch.object(Sam3TrackerBase, "track_step", track_step_tolerant))
+        yield
+
+
 def perturb_state_dict(
     state_dict: Mapping[str, Any], seed: int = 0, scale: float = 0.02, init_std: float = 0.02
 ) -> dict[str, Any]:

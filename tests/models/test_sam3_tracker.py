@@ -7,8 +7,6 @@ checkpoint's ``tracker.*`` rows."""
 from __future__ import annotations
 
 import ast
-import contextlib
-from unittest import mock
 
 import paddle
 import pytest
@@ -25,10 +23,10 @@ from paddle_sam.models.sam3.sam3_tracker_base import (
 )
 from tests.helpers.sam3_ref import (
     assert_close,
-    cpu_patches,
     fan_in_init_,
     import_sam3,
     perturb_module_,
+    tracker_cpu_patches,
 )
 from tests.models.test_sam3_heads import load_from_torch, randn, t2p
 from tests.models.test_sam3_memory import _torch_layout
@@ -57,13 +55,6 @@ RELEASED = dict(
 )
 
 
-@contextlib.contextmanager
-def _ref_cpu():
-    """cpu_patches, and ``Tensor.cuda`` a no-op (upstream moves stored memories to CUDA)."""
-    with cpu_patches(), mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self):
-        yield
-
-
 def _maskmem(mod, pe_cls):
     """The released memory encoder, its mask resize scaled to 224 px (256 = 16 x 16)."""
     ds = mod.SimpleMaskDownSampler(
@@ -87,7 +78,7 @@ def _build_pair(obj_bias: float, **extra):
     from sam3.model.position_encoding import PositionEmbeddingSine as RefPE
     from sam3.model.sam3_tracker_base import Sam3TrackerBase as RefTracker
 
-    with _ref_cpu():
+    with tracker_cpu_patches():
         torch.manual_seed(0)
         ref = RefTracker(
             backbone=None,
@@ -165,7 +156,7 @@ def _run_video(ref, ours, click_frames=(0,), bf16=True, mem_rel=1e-4):
             rpts = {"point_coords": torch.tensor(xy), "point_labels": torch.tensor([[1]]).int()}
             opts = {"point_coords": paddle.to_tensor(xy), "point_labels": paddle.to_tensor([[1]])}
         common = dict(frame_idx=frame, is_init_cond_frame=is_cond, num_frames=NUM_FRAMES)
-        with _ref_cpu(), torch.no_grad():
+        with tracker_cpu_patches(), torch.no_grad():
             r_mem = ref._prepare_memory_conditioned_features(
                 current_vision_feats=rf[-1:],
                 current_vision_pos_embeds=rp[-1:],
@@ -250,7 +241,7 @@ def test_forward_sam_heads_mask_input():
     o_map, o_hr = t2p(r_map), [t2p(h) for h in r_hr]
     logits = randn(1, 1, 100, 100, seed=5) * 4
     mask = randn(1, 1, IMAGE, IMAGE, seed=6) > 0.3
-    with _ref_cpu(), torch.no_grad():
+    with tracker_cpu_patches(), torch.no_grad():
         r1 = ref._forward_sam_heads(r_map, mask_inputs=logits, high_res_features=r_hr)
         r2 = ref._use_mask_as_output(r_map, r_hr, mask)
     o1 = ours._forward_sam_heads(o_map, mask_inputs=t2p(logits), high_res_features=o_hr)

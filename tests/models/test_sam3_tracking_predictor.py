@@ -6,9 +6,6 @@ backbone features per frame on both sides (upstream's ``cached_features``; ours 
 
 from __future__ import annotations
 
-import contextlib
-from unittest import mock
-
 import numpy as np
 import paddle
 
@@ -19,10 +16,10 @@ from paddle_sam.models.sam3.position_encoding import PositionEmbeddingSine
 from paddle_sam.models.sam3.sam3_tracking_predictor import Sam3TrackerPredictor
 from tests.helpers.sam3_ref import (
     assert_close,
-    cpu_patches,
     fan_in_init_,
     import_sam3,
     perturb_module_,
+    tracker_cpu_patches,
 )
 from tests.models.test_sam3_heads import load_from_torch, randn, t2p
 from tests.models.test_sam3_memory import _torch_layout
@@ -35,19 +32,13 @@ VIDEO_H, VIDEO_W = 120, 160
 EXTRA = dict(clear_non_cond_mem_around_input=True)
 
 
-@contextlib.contextmanager
-def _ref_cpu():
-    with cpu_patches(), mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self):
-        yield
-
-
-def _build_pair():
+def _build_pair(**extra):
     from sam3 import model_builder as mb
     from sam3.model import memory as RM
     from sam3.model.position_encoding import PositionEmbeddingSine as RefPE
     from sam3.model.sam3_tracking_predictor import Sam3TrackerPredictor as RefPredictor
 
-    with _ref_cpu():
+    with tracker_cpu_patches():
         torch.manual_seed(0)
         ref = RefPredictor(
             backbone=None,
@@ -55,6 +46,7 @@ def _build_pair():
             maskmem_backbone=_maskmem(RM, RefPE),
             **RELEASED,
             **EXTRA,
+            **extra,
         )
         perturb_module_(ref, seed=1, scale=0.05)
         fan_in_init_(ref.transformer.encoder, seed=3, gain=1.0)
@@ -68,6 +60,7 @@ def _build_pair():
         maskmem_backbone=_maskmem(PM, PositionEmbeddingSine),
         **RELEASED,
         **EXTRA,
+        **extra,
     )
     load_from_torch(ours, ref, skip_complex=True)
     ours.eval()
@@ -90,7 +83,7 @@ def _states(ref, ours):
             raw["backbone_fpn"][0] = ref.sam_mask_decoder.conv_s0(raw["backbone_fpn"][0])
             raw["backbone_fpn"][1] = ref.sam_mask_decoder.conv_s1(raw["backbone_fpn"][1])
             cached[f] = (torch.zeros(1, 3, IMAGE, IMAGE), raw)
-    with _ref_cpu():
+    with tracker_cpu_patches():
         r_state = ref.init_state(
             video_height=VIDEO_H,
             video_width=VIDEO_W,
@@ -126,7 +119,7 @@ def _close(r, o, name: str) -> float:
 
 
 def _propagate(ref, ours, r_state, o_state, tag: str, **kw) -> list[float]:
-    with _ref_cpu():
+    with tracker_cpu_patches():
         ref.propagate_in_video_preflight(r_state)
         r_out = list(ref.propagate_in_video(r_state, tqdm_disable=True, **kw))
     ours.propagate_in_video_preflight(o_state)
@@ -190,7 +183,7 @@ def test_two_objects_clicks_correction_reverse():
 
     def add(p):
         r_kw = {k: (torch.tensor(v) if k in ("points", "box") else v) for k, v in p.items()}
-        with _ref_cpu():
+        with tracker_cpu_patches():
             r = ref.add_new_points_or_box(r_state, **r_kw)
         o = ours.add_new_points_or_box(o_state, **p)
         assert r[0] == o[0] and list(r[1]) == list(o[1]) and r[2] is None and o[2] is None
@@ -209,7 +202,7 @@ def test_two_objects_clicks_correction_reverse():
                          max_frame_num_to_track=None, reverse=True)  # fmt: skip
     _compare_state(r_state, o_state)
 
-    with _ref_cpu():
+    with tracker_cpu_patches():
         r_ids, r_frames = ref.remove_object(r_state, 7)
     o_ids, o_frames = ours.remove_object(o_state, 7)
     assert list(r_ids) == list(o_ids) == [1]
@@ -221,6 +214,71 @@ def test_two_objects_clicks_correction_reverse():
 
     ours.reset_state(o_state)
     assert o_state["obj_ids"] == [] and not o_state["output_dict"]["cond_frame_outputs"]
+
+
+def test_mask_prompt_and_hole_filling():
+    """A click for object 1 on frame 0 and a mask prompt (video resolution, with a hole and a
+    speck) for object 3 on frame 1, the mask then replaced on frame 1 and propagated both
+    ways, with ``fill_hole_area=40`` (upstream fills holes on the CPU with scikit-image)."""
+    ref, ours = _build_pair(fill_hole_area=40)
+    r_state, o_state = _states(ref, ours)
+    mask = np.zeros((VIDEO_H, VIDEO_W), bool)
+    mask[30:90, 40:110] = True
+    mask[50:55, 60:66] = False  # a 30-pixel hole
+    mask[5:8, 5:8] = True  # a 9-pixel speck
+    with tracker_cpu_patches():
+        r = ref.add_new_points_or_box(r_state, 0, 1, torch.tensor([[0.3, 0.4]]), [1])
+    o = ours.add_new_points_or_box(o_state, 0, 1, [[0.3, 0.4]], [1])
+    _close(r[3], o[3], "click")
+    for m in (mask, np.roll(mask, 4, axis=1)):
+        with tracker_cpu_patches():
+            r = ref.add_new_mask(r_state, 1, 3, torch.from_numpy(m))
+        o = ours.add_new_mask(o_state, 1, 3, m)
+        assert r[0] == o[0] == 1 and list(r[1]) == list(o[1]) == [1, 3] and o[2] is None
+        _close(r[3], o[3], "mask prompt")
+        filled = o[3].numpy()[1, 0] > 0
+        assert filled[52, 64 + 4] and not filled[6, 10], "hole filled and speck removed"
+    _propagate(ref, ours, r_state, o_state, "forward", start_frame_idx=0,
+               max_frame_num_to_track=None, reverse=False)  # fmt: skip
+    _propagate(ref, ours, r_state, o_state, "reverse", start_frame_idx=1,
+               max_frame_num_to_track=None, reverse=True)  # fmt: skip
+    _compare_state(r_state, o_state)
+
+
+def test_prompt_errors_name_the_problem():
+    """Bad prompts are one-line errors raised before the object is registered."""
+    import pytest
+
+    _, ours = _build_pair()
+    state = ours.init_state(VIDEO_H, VIDEO_W, NUM_FRAMES, image_feature_fn=lambda f: {})
+    cases = [
+        (dict(frame_idx=NUM_FRAMES, points=[[0.1, 0.1]], labels=[1]), IndexError, "out of range"),
+        (dict(frame_idx=-1, points=[[0.1, 0.1]], labels=[1]), IndexError, "out of range"),
+        (dict(frame_idx=0.5, points=[[0.1, 0.1]], labels=[1]), TypeError, "integer"),
+        (dict(frame_idx=0, points=[[0.1, 0.1, 0.2]], labels=[1]), ValueError, "N x 2"),
+        (dict(frame_idx=0, points=[[0.1, 0.1]], labels=[1, 0]), ValueError, "one per point"),
+        (dict(frame_idx=0, points=[[0.1, 0.1]], labels=[5]), ValueError, "labels"),
+        (dict(frame_idx=0, points=[[np.nan, 0.1]], labels=[1]), ValueError, "finite"),
+        (dict(frame_idx=0, points=[[0.1, 0.1]]), ValueError, "together"),
+        (dict(frame_idx=0), ValueError, "at least one"),
+        (dict(frame_idx=0, box=[0.1, 0.2, 0.3]), ValueError, "4 numbers"),
+        (dict(frame_idx=0, box=[0.5, 0.2, 0.3, 0.4]), ValueError, "x0 <= x1"),
+        (dict(frame_idx=0, box=[0.1, 0.2, 0.3, 0.4], clear_old_points=False), ValueError, "box"),
+    ]
+    for kw, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            ours.add_new_points_or_box(state, obj_id=1, **kw)
+    with pytest.raises(ValueError, match="H x W"):
+        ours.add_new_mask(state, 0, 1, np.zeros((2, 3, 4)))
+    with pytest.raises(IndexError, match="out of range"):
+        ours.add_new_mask(state, 9, 1, np.zeros((3, 4)))
+    assert state["obj_ids"] == []
+    with pytest.raises(RuntimeError, match="add points first"):
+        next(ours.propagate_in_video(state))
+    with pytest.raises(IndexError, match="start frame index 7"):
+        next(ours.propagate_in_video(state, start_frame_idx=7))
+    with pytest.raises(ValueError, match="max_frame_num_to_track"):
+        next(ours.propagate_in_video(state, max_frame_num_to_track=-2))
 
 
 def test_state_dict_matches_upstream():

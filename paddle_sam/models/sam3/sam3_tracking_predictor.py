@@ -11,29 +11,82 @@ finest first) with the two finest levels already through ``conv_s0`` / ``conv_s1
 upstream's ``forward_image`` returns them; :meth:`Sam3TrackerPredictor.prepare_backbone_out`
 applies those two convolutions to the neck's raw outputs.
 
-As upstream, stored memory features are bfloat16. Not ported: ``add_new_mask`` (mask prompts),
-``fill_hole_area > 0`` (connected components), CPU/GPU offloading (the ``offload_*`` and
-device entries of the state are kept for parity, and ignored) and the object-wise overlap
-helpers that the tracker itself does not call.
+As upstream, stored memory features are bfloat16. Not ported: CPU/GPU offloading of the state
+(the ``offload_*`` and device entries are kept for parity, and ignored: on a CPU there is
+nothing to offload to) and the object-wise overlap helpers that the tracker itself does not
+call.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import paddle
 
 from ..common import resize_bilinear
+from .memory import resize_antialias
 from .sam3_tracker_base import NO_OBJ_SCORE, Sam3TrackerBase, concat_points
+from .sam3_tracker_utils import fill_holes_in_mask_scores
 
 BackboneOut = dict[str, Any]
 
 
 def _empty_outputs() -> dict[str, dict]:
     return {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
+
+
+def _as_array(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, paddle.Tensor):
+        value = value.numpy()
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor from ported code
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers, got {type(value).__name__}") from exc
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite numbers")
+    return arr
+
+
+def _check_prompt(points: Any, labels: Any, box: Any):
+    """Clicks ``[1 x] N x 2`` with labels ``[1 x] N`` and/or a box of 4 numbers, checked ->
+    ``(1 x N x 2 float32, 1 x N int32, 1 x 2 x 2 float32 or None)`` paddle tensors."""
+    if (points is not None) != (labels is not None):
+        raise ValueError("points and labels must be provided together")
+    if points is None and box is None:
+        raise ValueError("at least one of points or box must be provided as input")
+    if points is None:
+        pts, lab = np.zeros((1, 0, 2)), np.zeros((1, 0))
+    else:
+        pts, lab = _as_array(points, "points"), _as_array(labels, "labels")
+        if pts.ndim == 2:
+            pts = pts[None]
+        if lab.ndim == 1:
+            lab = lab[None]
+        if pts.ndim != 3 or pts.shape[0] != 1 or pts.shape[2] != 2:
+            raise ValueError(f"points must be N x 2 (x, y), got shape {list(pts.shape)}")
+        if lab.shape != pts.shape[:2]:
+            raise ValueError(
+                f"labels must be one per point ({pts.shape[1]}), got shape {list(lab.shape)}"
+            )
+        if not np.isin(lab, (-1, 0, 1, 2, 3)).all():
+            raise ValueError("point labels must be 1 (object) or 0 (background)")
+    out_box = None
+    if box is not None:
+        b = _as_array(box, "box")
+        if b.size != 4:
+            raise ValueError(f"box must be 4 numbers (x0, y0, x1, y1), got shape {list(b.shape)}")
+        b = b.reshape(2, 2)
+        if (b[1] < b[0]).any():
+            raise ValueError(f"box must have x0 <= x1 and y0 <= y1, got {b.reshape(-1).tolist()}")
+        out_box = paddle.to_tensor(b[None], "float32")
+    return paddle.to_tensor(pts, "float32"), paddle.to_tensor(lab, "int32"), out_box
 
 
 class Sam3TrackerPredictor(Sam3TrackerBase):
@@ -50,8 +103,6 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if fill_hole_area > 0:
-            raise NotImplementedError("fill_hole_area > 0 is not ported")
         self.clear_non_cond_mem_around_input = clear_non_cond_mem_around_input
         self.clear_non_cond_mem_for_multi_obj = clear_non_cond_mem_for_multi_obj
         self.fill_hole_area = fill_hole_area
@@ -194,31 +245,21 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         pixels -> ``(frame_idx, obj_ids, None, video_res_masks)``. ``normalize_coords`` is
         accepted and unused, as upstream."""
         del normalize_coords
+        frame_idx = self._check_frame_idx(inference_state, frame_idx)
+        points, labels, box = _check_prompt(points, labels, box)
+        if box is not None and not clear_old_points:
+            raise ValueError(
+                "cannot add box without clearing old points, since box prompt must be "
+                "provided before any point prompt (please use clear_old_points=True instead)"
+            )
         obj_idx = self._obj_id_to_idx(inference_state, obj_id)
         point_inputs_per_frame = inference_state["point_inputs_per_obj"][obj_idx]
         mask_inputs_per_frame = inference_state["mask_inputs_per_obj"][obj_idx]
-        if (points is not None) != (labels is not None):
-            raise ValueError("points and labels must be provided together")
-        if points is None and box is None:
-            raise ValueError("at least one of points or box must be provided as input")
-        points = paddle.zeros([0, 2]) if points is None else paddle.to_tensor(points, "float32")
-        labels = paddle.zeros([0], "int32") if labels is None else paddle.to_tensor(labels, "int32")
-        if points.ndim == 2:
-            points = points.unsqueeze(0)
-        if labels.ndim == 1:
-            labels = labels.unsqueeze(0)
-        if box is not None:
-            box = paddle.to_tensor(box, "float32")
         if rel_coordinates:
             points = points * self.image_size
             if box is not None:
                 box = box * self.image_size
         if box is not None:
-            if not clear_old_points:
-                raise ValueError(
-                    "cannot add box without clearing old points, since box prompt must be "
-                    "provided before any point prompt (please use clear_old_points=True instead)"
-                )
             points = paddle.concat([box.reshape([1, 2, 2]), points], axis=1)
             labels = paddle.concat([paddle.to_tensor([[2, 3]], "int32"), labels], axis=1)
 
@@ -291,6 +332,97 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         )
         return video_res_masks
 
+    @paddle.no_grad()
+    def add_new_mask(
+        self,
+        inference_state: dict,
+        frame_idx: int,
+        obj_id: Any,
+        mask: Any,
+        add_mask_to_memory: bool = False,
+    ):
+        """A mask prompt (``H x W``, bool or 0..1, any size) for an object on a frame ->
+        ``(frame_idx, obj_ids, None, video_res_masks)``. As upstream, the frame's output is
+        the given mask itself at the video's resolution (thresholded at 0.5 after an
+        antialiased resize) and it removes the other objects' prompt masks under it;
+        ``add_mask_to_memory`` is accepted and unused, as upstream."""
+        del add_mask_to_memory
+        frame_idx = self._check_frame_idx(inference_state, frame_idx)
+        mask = paddle.to_tensor(mask)
+        if mask.ndim != 2:
+            raise ValueError(f"mask must be H x W, got shape {list(mask.shape)}")
+        obj_idx = self._obj_id_to_idx(inference_state, obj_id)
+        point_inputs_per_frame = inference_state["point_inputs_per_obj"][obj_idx]
+        mask_inputs_per_frame = inference_state["mask_inputs_per_obj"][obj_idx]
+        mask_orig = mask.astype("float32")[None, None]
+        size = self.input_mask_size
+        mask_inputs = mask_orig
+        if tuple(mask_orig.shape[-2:]) != (size, size):
+            mask_inputs = resize_antialias(mask_orig, (size, size))
+        video_size = (inference_state["video_height"], inference_state["video_width"])
+        mask_video_res = mask_orig
+        if tuple(mask_orig.shape[-2:]) != video_size:
+            mask_video_res = resize_antialias(mask_orig, video_size)
+        mask_video_res = mask_video_res > 0.5
+
+        mask_inputs_per_frame[frame_idx] = mask_video_res
+        point_inputs_per_frame.pop(frame_idx, None)
+        is_init_cond_frame = frame_idx not in inference_state["frames_already_tracked"]
+        reverse = (
+            False
+            if is_init_cond_frame
+            else inference_state["frames_already_tracked"][frame_idx]["reverse"]
+        )
+        obj_output_dict = inference_state["output_dict_per_obj"][obj_idx]
+        obj_temp_output_dict = inference_state["temp_output_dict_per_obj"][obj_idx]
+        is_cond = is_init_cond_frame or self.add_all_frames_to_correct_as_cond
+        storage_key = "cond_frame_outputs" if is_cond else "non_cond_frame_outputs"
+        current_out, _ = self._run_single_frame_inference(
+            inference_state=inference_state,
+            output_dict=obj_output_dict,
+            frame_idx=frame_idx,
+            batch_size=1,
+            is_init_cond_frame=is_init_cond_frame,
+            point_inputs=None,
+            mask_inputs=mask_inputs,
+            reverse=reverse,
+            run_mem_encoder=False,
+        )
+        fg = paddle.full(mask_video_res.shape, -NO_OBJ_SCORE, "float32")
+        bg = paddle.full(mask_video_res.shape, NO_OBJ_SCORE, "float32")
+        current_out["pred_masks"] = None
+        current_out["pred_masks_video_res"] = paddle.where(mask_video_res, fg, bg)
+        obj_temp_output_dict[storage_key][frame_idx] = current_out
+        for obj_idx2, obj_temp_output_dict2 in inference_state["temp_output_dict_per_obj"].items():
+            if obj_idx2 == obj_idx:
+                continue
+            current_out2 = obj_temp_output_dict2[storage_key].get(frame_idx)
+            if current_out2 is not None and "pred_masks_video_res" in current_out2:
+                current_out2["pred_masks_video_res"] = paddle.where(
+                    mask_video_res, bg, current_out2["pred_masks_video_res"]
+                )
+        video_res_masks = self._video_res_masks(inference_state, frame_idx, is_cond)
+        return frame_idx, inference_state["obj_ids"], None, video_res_masks
+
+    @staticmethod
+    def _check_frame_idx(inference_state: dict, frame_idx: Any, name: str = "frame") -> int:
+        """``frame_idx`` as an int, or a clear error if it is not one in ``[0, num_frames)``."""
+        num_frames = inference_state["num_frames"]
+        try:
+            if isinstance(frame_idx, bool):
+                raise TypeError
+            frame_idx = operator.index(frame_idx)
+        except TypeError:
+            raise TypeError(
+                f"{name} index must be an integer, got {type(frame_idx).__name__}"
+            ) from None
+        if not 0 <= frame_idx < num_frames:
+            raise IndexError(
+                f"{name} index {frame_idx} out of range: the video has {num_frames} frames "
+                f"(0-{num_frames - 1})"
+            )
+        return frame_idx
+
     def add_new_points(self, *args: Any, **kwargs: Any):
         """Deprecated upstream: :meth:`add_new_points_or_box`."""
         return self.add_new_points_or_box(*args, **kwargs)
@@ -306,6 +438,8 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
             video_res_masks = resize_bilinear(any_res_masks, size)
         if self.non_overlap_masks_for_output:
             video_res_masks = self._apply_non_overlapping_constraints(video_res_masks)
+        if self.fill_hole_area > 0:
+            video_res_masks = fill_holes_in_mask_scores(video_res_masks, self.fill_hole_area)
         return any_res_masks, video_res_masks
 
     def _consolidate_temp_output_across_obj(
@@ -349,9 +483,10 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
                 continue
             obj_mask = out.get("pred_masks_video_res", out["pred_masks"])
             if tuple(obj_mask.shape[-2:]) != (h, w):
-                if "pred_masks_video_res" in out:
-                    raise NotImplementedError("mask prompts (add_new_mask) are not ported")
-                obj_mask = resize_bilinear(obj_mask, (h, w))
+                if "pred_masks_video_res" in out:  # a mask prompt, antialiased as upstream
+                    obj_mask = resize_antialias(obj_mask.astype("float32"), (h, w))
+                else:
+                    obj_mask = resize_bilinear(obj_mask, (h, w))
             masks[obj_idx] = obj_mask
             ptrs[obj_idx] = out["obj_ptr"]
             scores[obj_idx] = out["object_score_logits"]
@@ -492,13 +627,28 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         start_frame_idx: int | None = None,
         max_frame_num_to_track: int | None = None,
         reverse: bool = False,
+        tqdm_disable: bool = False,
         obj_ids: Any = None,
         run_mem_encoder: bool = True,
         propagate_preflight: bool = False,
     ) -> Iterator[tuple]:
         """Track all objects frame by frame; yields upstream's ``(frame_idx, obj_ids,
         low_res_masks, video_res_masks, obj_scores)``. As upstream, call
-        :meth:`propagate_in_video_preflight` first (or pass ``propagate_preflight=True``)."""
+        :meth:`propagate_in_video_preflight` first (or pass ``propagate_preflight=True``).
+        ``tqdm_disable`` is accepted for upstream's signature: the model draws no progress
+        bar (the CLI does)."""
+        del tqdm_disable
+        if start_frame_idx is not None:
+            start_frame_idx = self._check_frame_idx(inference_state, start_frame_idx, "start frame")
+        if max_frame_num_to_track is not None and (
+            isinstance(max_frame_num_to_track, bool)
+            or not isinstance(max_frame_num_to_track, int | np.integer)
+            or max_frame_num_to_track < 0
+        ):
+            raise ValueError(
+                f"max_frame_num_to_track must be a non-negative integer, got "
+                f"{max_frame_num_to_track!r}"
+            )
         if propagate_preflight:
             self.propagate_in_video_preflight(inference_state)
         output_dict = inference_state["output_dict"]
