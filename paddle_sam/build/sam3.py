@@ -13,12 +13,17 @@ from pathlib import Path
 import paddle
 
 from ..convert import sam3_hf
-from ..convert.checkpoint import checked_sidecar_spec, read_sam3_weights
+from ..convert.checkpoint import (
+    checked_sidecar_spec,
+    read_sam3_tracker_weights,
+    read_sam3_weights,
+)
 from ..convert.core import load_state_strict, read_sidecar
-from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model
+from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model, build_tracker_model
 from ..models.sam3.sam3_image import Sam3Image
 from ..predict.sam3.predictor import Sam3Predictor
 from ..predict.sam3.tokenizer import SimpleTokenizer
+from ..predict.sam3.tracker import Sam3TrackerVideoPredictor, Sam3VideoModel
 
 
 def build_sam3_image_model(
@@ -70,6 +75,106 @@ def load_sam3_weights(model: Sam3Image, path: str | os.PathLike) -> None:
     load_state_strict(model, read_sam3_weights(path, model=model))
 
 
+def build_tracker(
+    apply_temporal_disambiguation: bool = False,
+    with_backbone: bool = False,
+    compile_mode: object = None,
+    spec: Sam3Spec = SAM3_SPEC,
+) -> Sam3TrackerVideoPredictor:
+    """SAM 3's video tracker with random weights and the released settings; upstream's
+    ``build_tracker`` arguments (``compile_mode`` is ignored). ``with_backbone`` adds the
+    vision backbone (with its SAM 2 neck, no text encoder) that ``init_state(video_path=...)``
+    runs on each frame."""
+    del compile_mode
+    return build_tracker_model(
+        spec,
+        apply_temporal_disambiguation=apply_temporal_disambiguation,
+        with_backbone=with_backbone,
+        tracker_cls=Sam3TrackerVideoPredictor,
+    )
+
+
+def _sam3_spec(checkpoint: Path, enable_inst_interactivity: bool = True) -> Sam3Spec:
+    """The sizes of a SAM 3 checkpoint: its sidecar's (checked against the weights' shapes),
+    else the released ones; a SAM v1 file is refused."""
+    meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
+    if meta.get("model_type", "sam3") != "sam3":
+        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
+    if "spec" not in meta:
+        return SAM3_SPEC
+    return checked_sidecar_spec(
+        checkpoint, meta, Sam3Spec, enable_inst_interactivity=enable_inst_interactivity
+    )
+
+
+def _existing(checkpoint: str | os.PathLike) -> Path:
+    checkpoint = Path(checkpoint)
+    if not (checkpoint.is_file() or sam3_hf.is_hf_source(checkpoint) and checkpoint.exists()):
+        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    return checkpoint
+
+
+def load_sam3_tracker(
+    checkpoint: str | os.PathLike, apply_temporal_disambiguation: bool = False
+) -> Sam3TrackerVideoPredictor:
+    """SAM 3's video tracker with its vision backbone, strictly loaded from the released
+    ``sam3.pt`` or a ``.pdparams`` converted from it (sizes from the sidecar): the
+    ``tracker.*`` weights and the detector's vision backbone, nothing of the text encoder or
+    the detector heads."""
+    checkpoint = _existing(checkpoint)
+    tracker = build_tracker_model(
+        _sam3_spec(checkpoint),
+        apply_temporal_disambiguation=apply_temporal_disambiguation,
+        with_backbone=True,
+        tracker_cls=Sam3TrackerVideoPredictor,
+    )
+    load_state_strict(tracker, read_sam3_tracker_weights(checkpoint, tracker))
+    return tracker
+
+
+def build_sam3_video_model(
+    checkpoint_path: str | os.PathLike | None = None,
+    bpe_path: str | os.PathLike | None = None,
+    load_from_HF: bool = False,  # noqa: N803 - upstream name
+    apply_temporal_disambiguation: bool = True,
+    device: str | None = None,
+    compile: bool = False,
+    spec: Sam3Spec | None = None,
+) -> Sam3VideoModel:
+    """``detector`` (the image model with its SAM 2 neck) and ``tracker`` (no backbone of its
+    own) of SAM 3's video model, as upstream's ``build_sam3_video_model`` returns them for
+    sam3's SAM 2 task notebook. ``checkpoint_path``: the released ``sam3.pt`` or a converted
+    ``.pdparams`` (strict load of both parts); without it the weights are random. Nothing is
+    ever downloaded; ``compile`` is ignored."""
+    del compile
+    if load_from_HF and checkpoint_path is None:
+        raise ValueError(
+            "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
+            "converted .pdparams)"
+        )
+    if device is not None:
+        paddle.set_device(device)
+    if spec is None:
+        spec = SAM3_SPEC if checkpoint_path is None else _sam3_spec(_existing(checkpoint_path))
+    detector = build_sam3_model(
+        spec, tokenizer=SimpleTokenizer(bpe_path=bpe_path), enable_inst_interactivity=True
+    )
+    tracker = build_tracker_model(
+        spec,
+        apply_temporal_disambiguation=apply_temporal_disambiguation,
+        tracker_cls=Sam3TrackerVideoPredictor,
+    )
+    if checkpoint_path is None:
+        warnings.warn(
+            "build_sam3_video_model: no checkpoint_path, the weights are random", stacklevel=2
+        )
+    else:
+        checkpoint_path = _existing(checkpoint_path)
+        load_sam3_weights(detector, checkpoint_path)
+        load_state_strict(tracker, read_sam3_tracker_weights(checkpoint_path, tracker))
+    return Sam3VideoModel(detector, tracker)
+
+
 def load_sam3(
     checkpoint: str | os.PathLike,
     bpe_path: str | os.PathLike | None = None,
@@ -80,17 +185,8 @@ def load_sam3(
     sizes from the sidecar if present (the released sizes otherwise). A sidecar is checked
     against the weights (their shapes, read without the data) before the model is built: a
     wrong or lying one is a one-line :class:`CheckpointFormatError`."""
-    checkpoint = Path(checkpoint)
-    if not (checkpoint.is_file() or sam3_hf.is_hf_source(checkpoint) and checkpoint.exists()):
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
-    if meta.get("model_type", "sam3") != "sam3":
-        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
-    spec = SAM3_SPEC
-    if "spec" in meta:
-        spec = checked_sidecar_spec(
-            checkpoint, meta, Sam3Spec, enable_inst_interactivity=enable_inst_interactivity
-        )
+    checkpoint = _existing(checkpoint)
+    spec = _sam3_spec(checkpoint, enable_inst_interactivity)
     return build_sam3_image_model(
         bpe_path=bpe_path,
         checkpoint_path=checkpoint,
@@ -114,4 +210,12 @@ def load_sam3_predictor(
     return Sam3Predictor(model, confidence_threshold=confidence_threshold)
 
 
-__all__ = ["build_sam3_image_model", "load_sam3", "load_sam3_predictor", "load_sam3_weights"]
+__all__ = [
+    "build_sam3_image_model",
+    "build_sam3_video_model",
+    "build_tracker",
+    "load_sam3",
+    "load_sam3_predictor",
+    "load_sam3_tracker",
+    "load_sam3_weights",
+]

@@ -28,6 +28,7 @@ from .core import (
     PADDLE_SUFFIX,
     CheckpointFormatError,
     CheckpointMismatchError,
+    check_keys,
     model_shapes,
     pdparams_shapes,
     read_pdparams,
@@ -158,6 +159,15 @@ def _convert_sam3(
         )
     else:
         sam3.select_for_model(converted, sam3.expected_layout(spec), where=f"{src}: ")
+    video = any(k.startswith(tuple(sam3.VIDEO_ONLY)) for k in converted)
+    if video:  # the whole video tracker (memory encoder, memory attention, pointers)
+        try:
+            tracker = sam3.tracker_layout(spec)
+        except ValueError as exc:
+            raise CheckpointMismatchError(
+                f"{src}: holds video tracker weights, but {exc}"
+            ) from None
+        check_keys(tracker, sam3.tracker_state(converted), where=f"{src}: tracker: ")
     source = {"file": src.name, **_source_hashes(src, progress), "layout": layout}
     if layout == "hf":
         source["dropped"] = dropped  # {reason: number of HF keys}
@@ -213,6 +223,23 @@ def read_sam3_weights(
         state = sam3.convert_state_dict(raw)
     if model is not None:
         state = sam3.select_for_model(state, model_shapes(model), where=f"{path}: ")
+    return state
+
+
+def read_sam3_tracker_weights(
+    path: str | os.PathLike, model: paddle.nn.Layer
+) -> dict[str, np.ndarray]:
+    """The SAM 3 video tracker's weights (``tracker.*``, plus the detector's vision backbone
+    when ``model`` has a ``backbone``) from the same files as :func:`read_sam3_weights`,
+    checked strictly against ``model``."""
+    path = Path(path)
+    state = read_sam3_weights(path)
+    with_backbone = getattr(model, "backbone", None) is not None
+    try:
+        state = sam3.tracker_state(state, with_backbone=with_backbone)
+    except CheckpointMismatchError as exc:
+        raise CheckpointMismatchError(f"{path}: {exc}") from None
+    check_keys(model_shapes(model), state, where=f"{path}: ")
     return state
 
 

@@ -225,6 +225,32 @@ def select_for_model(
     return state
 
 
+VISION_BACKBONE_PREFIX = "backbone.vision_backbone."
+
+
+def tracker_state(
+    converted: Mapping[str, np.ndarray], with_backbone: bool = False
+) -> dict[str, np.ndarray]:
+    """The video tracker's part of a converted state dict, under the tracker's own names
+    (upstream's ``tracker.*`` without the prefix); ``with_backbone`` adds the image model's
+    vision backbone (``backbone.vision_backbone.*``, both necks), which the released tracker
+    shares with the detector. Raises :class:`CheckpointMismatchError` when the file holds no
+    tracker (converted without it)."""
+    state = {
+        k[len(INTERACTIVE_PREFIX) :]: v
+        for k, v in converted.items()
+        if k.startswith(INTERACTIVE_PREFIX)
+    }
+    if not state:
+        raise CheckpointMismatchError(
+            "the checkpoint holds no video tracker (no 'tracker.*' weights): convert the "
+            "released sam3.pt again without leaving the tracker out"
+        )
+    if with_backbone:
+        state.update({k: v for k, v in converted.items() if k.startswith(VISION_BACKBONE_PREFIX)})
+    return state
+
+
 def convert_state_dict(
     state: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]] | None = None
 ) -> dict[str, np.ndarray]:
@@ -259,6 +285,15 @@ def _build_lazy(spec: Any = None, enable_inst_interactivity: bool = False) -> pa
     spec = SAM3_SPEC if spec is None else spec
     with paddle.LazyGuard():
         return build_sam3_model(spec, enable_inst_interactivity=enable_inst_interactivity)
+
+
+def tracker_layout(spec: Any = None) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the video tracker of ``spec`` (without backbone), declared under
+    ``LazyGuard``."""
+    from ..models.sam3.build_sam3 import build_tracker_model
+
+    with paddle.LazyGuard():
+        return model_shapes(build_tracker_model(SAM3_SPEC if spec is None else spec))
 
 
 def expected_layout(spec: Any = None, enable_inst_interactivity: bool = False) -> dict:

@@ -337,9 +337,10 @@ def test_released_tracker_heads_are_mapped(released):
 
 
 def test_interactive_weights_load_from_released_layout(tmp_path):
-    """A released-layout file holding the tracker's heads and video-only keys: converted by the
-    CLI (heads checked strictly), loaded with enable_inst_interactivity=True (video-only keys
-    left out), values exact; a model without interactivity loads the same file."""
+    """A released-layout file holding the tracker's heads: converted by the CLI (heads checked
+    strictly), loaded with enable_inst_interactivity=True, values exact; a model without
+    interactivity loads the same file. Video-only tracker keys are checked as a whole tracker:
+    two of them alone (and a model too small for a tracker) are refused."""
     torch = pytest.importorskip("torch")
     state = conv.random_released_state_dict(TINY, 3, enable_inst_interactivity=True)
     assert any(k.startswith("tracker.sam_mask_decoder.") for k in state)
@@ -348,6 +349,9 @@ def test_interactive_weights_load_from_released_layout(tmp_path):
         "tracker.transformer.encoder.layers.0.self_attn.q_proj.weight": torch.randn(256, 256),
     }
     path = _tiny_official(tmp_path, seed=3, extra=extra, enable_inst_interactivity=True)
+    with pytest.raises(CheckpointMismatchError, match="video tracker weights"):
+        convert_checkpoint(path, tmp_path / "partial.pdparams", spec=TINY)
+    path = _tiny_official(tmp_path, seed=3, enable_inst_interactivity=True)
     out = tmp_path / "sam3_tiny.pdparams"
 
     meta = convert_checkpoint(path, out, spec=TINY)

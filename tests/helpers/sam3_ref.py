@@ -233,6 +233,126 @@ def tiny_sam3_spec():
     )
 
 
+def reference_vision_backbone(spec: Any, add_sam2_neck: bool) -> Any:
+    """The official ViT + dual neck (model_builder's configuration) at ``spec``'s sizes."""
+    from sam3.model.necks import Sam3DualViTDetNeck
+    from sam3.model.position_encoding import PositionEmbeddingSine
+    from sam3.model.vitdet import ViT
+
+    trunk = ViT(
+        img_size=spec.image_size,
+        pretrain_img_size=spec.pretrain_image_size,
+        patch_size=spec.vit_patch_size,
+        embed_dim=spec.encoder_embed_dim,
+        depth=spec.encoder_depth,
+        num_heads=spec.encoder_num_heads,
+        mlp_ratio=spec.mlp_ratio,
+        norm_layer="LayerNorm",
+        drop_path_rate=0.1,
+        qkv_bias=True,
+        use_abs_pos=True,
+        tile_abs_pos=True,
+        global_att_blocks=spec.encoder_global_attn_indexes,
+        rel_pos_blocks=(),
+        use_rope=True,
+        use_interp_rope=True,
+        window_size=spec.window_size,
+        pretrain_use_cls_token=True,
+        retain_cls_token=False,
+        ln_pre=True,
+        ln_post=False,
+        return_interm_layers=False,
+        bias_patch_embed=False,
+    )
+    pe = PositionEmbeddingSine(
+        spec.d_model, normalize=True, temperature=10000, precompute_resolution=spec.image_size
+    )
+    return Sam3DualViTDetNeck(
+        position_encoding=pe,
+        d_model=spec.d_model,
+        scale_factors=list(spec.scale_factors),
+        trunk=trunk,
+        add_sam2_neck=add_sam2_neck,
+    )
+
+
+def reference_tracker(spec: Any, with_backbone: bool, **settings: Any) -> Any:
+    """The official ``Sam3TrackerPredictor`` at ``spec``'s image and patch sizes: memory
+    attention and memory encoder as ``model_builder.build_tracker`` makes them (the mask resize
+    scaled to 16 x the feature side), ``settings`` passed through; ``with_backbone`` adds the
+    vision backbone with its SAM 2 neck and no text encoder. Build it inside
+    :func:`tracker_cpu_patches`."""
+    from sam3 import model_builder as mb
+    from sam3.model import memory as m
+    from sam3.model.position_encoding import PositionEmbeddingSine
+    from sam3.model.sam3_tracking_predictor import Sam3TrackerPredictor
+    from sam3.model.vl_combiner import SAM3VLBackbone
+
+    side = spec.image_size // spec.vit_patch_size
+    maskmem = m.SimpleMaskEncoder(
+        out_dim=64,
+        position_encoding=PositionEmbeddingSine(
+            num_pos_feats=64, normalize=True, scale=None, temperature=10000
+        ),
+        mask_downsampler=m.SimpleMaskDownSampler(
+            kernel_size=3, stride=2, padding=1, interpol_size=[16 * side, 16 * side]
+        ),
+        fuser=m.SimpleFuser(
+            layer=m.CXBlock(
+                dim=256, kernel_size=7, padding=3, layer_scale_init_value=1e-6, use_dwconv=True
+            ),
+            num_layers=2,
+        ),
+    )
+    backbone = None
+    if with_backbone:
+        backbone = SAM3VLBackbone(
+            visual=reference_vision_backbone(spec, add_sam2_neck=True), text=None, scalp=1
+        )
+    return Sam3TrackerPredictor(
+        backbone=backbone,
+        transformer=mb._create_tracker_transformer(),
+        maskmem_backbone=maskmem,
+        image_size=spec.image_size,
+        backbone_stride=spec.vit_patch_size,
+        **settings,
+    )
+
+
+def randomise_tracker_(ref: Any, obj_bias: float = 6.0) -> Any:
+    """Perturbed weights that make every part of an official tracker matter: all tensors
+    perturbed, unit-gain memory attention, memory embeddings of scale 0.5, and the object
+    score head's bias at ``obj_bias`` (scores clearly away from 0, so that both sides take the
+    same presence decisions). Returns ``ref`` in eval mode."""
+    torch, _ = import_sam3()
+    perturb_module_(ref, seed=1, scale=0.05)
+    fan_in_init_(ref.transformer.encoder, seed=3, gain=1.0)
+    with torch.no_grad():
+        for name in ("no_mem_embed", "no_obj_ptr", "no_obj_embed_spatial", "maskmem_tpos_enc"):
+            getattr(ref, name).normal_(0, 0.5)
+        ref.sam_mask_decoder.pred_obj_score_head.layers[-1].bias.fill_(obj_bias)
+    return ref.eval()
+
+
+def assert_masks_close(r: Any, o: Any, name: str, rel: float = 1e-4) -> float:
+    """Tracker mask logits (objects x 1 x H x W, torch vs paddle) within ``rel`` of their
+    scale; binary masks differ on at most 0.1 % of pixels, and only where the reference logit
+    is within that tolerance of 0. Where two objects' logits tie to float32 noise the
+    non-overlap constraint may keep either one (the other clamped): such swapped pixels (at
+    most 0.1 %) are compared with the objects' values sorted. Returns the max abs error."""
+    r_np = to_numpy(r)
+    o_np = to_numpy(o)
+    tol = rel * max(1.0, float(np.abs(r_np).max()))
+    swapped = (np.abs(r_np - o_np) > tol).any(axis=(0, 1))
+    assert swapped.mean() <= 1e-3, f"{name}: {int(swapped.sum())} pixels differ"
+    _, err, _ = assert_close(np.sort(r_np, 0), np.sort(o_np, 0), max_abs=tol, name=name)
+    flipped = (r_np > 0) != (o_np > 0)
+    assert flipped.mean() <= 1e-3, f"{name}: binary masks differ on {flipped.mean():.4%}"
+    near_zero = np.abs(r_np) <= tol
+    assert not (flipped & ~near_zero).any(), f"{name}: a clear pixel flipped"
+    return err
+
+
 def run_prompts(processor: Any, img: Any, steps: list, threshold: float | None = None) -> dict:
     """Apply prompt steps ("text", str) / ("box", box, label) to a fresh state of any
     ``Sam3Processor`` (ours, the official one, the static runtime); return the state."""

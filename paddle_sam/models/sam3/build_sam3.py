@@ -128,14 +128,11 @@ def _position_encoding(spec: Sam3Spec, precompute_resolution: int | None = None)
     )
 
 
-def build_backbone(
-    spec: Sam3Spec, tokenizer: Callable[..., object] | None, enable_inst_interactivity: bool
-) -> nn.Layer:
-    """Vision trunk + dual neck + text encoder (S3A's modules), combined as upstream."""
+def build_vision_backbone(spec: Sam3Spec, enable_inst_interactivity: bool) -> nn.Layer:
+    """Vision trunk + dual neck (the second, SAM 2 style neck with ``enable_inst_interactivity``:
+    the tracker reads it)."""
     from .necks import Sam3DualViTDetNeck
-    from .text_encoder import VETextEncoder
     from .vitdet import ViT
-    from .vl_combiner import SAM3VLBackbone
 
     trunk = ViT(
         img_size=spec.image_size,
@@ -148,13 +145,23 @@ def build_backbone(
         window_size=spec.window_size,
         global_att_blocks=spec.encoder_global_attn_indexes,
     )
-    neck = Sam3DualViTDetNeck(
+    return Sam3DualViTDetNeck(
         trunk=trunk,
         position_encoding=_position_encoding(spec, precompute_resolution=spec.image_size),
         d_model=spec.d_model,
         scale_factors=spec.scale_factors,
         add_sam2_neck=enable_inst_interactivity,
     )
+
+
+def build_backbone(
+    spec: Sam3Spec, tokenizer: Callable[..., object] | None, enable_inst_interactivity: bool
+) -> nn.Layer:
+    """Vision trunk + dual neck + text encoder (S3A's modules), combined as upstream."""
+    from .text_encoder import VETextEncoder
+    from .vl_combiner import SAM3VLBackbone
+
+    neck = build_vision_backbone(spec, enable_inst_interactivity)
     text = VETextEncoder(
         d_model=spec.d_model,
         tokenizer=tokenizer,
@@ -286,6 +293,70 @@ def build_interactive_predictor(spec: Sam3Spec):
     return SAM3InteractiveImagePredictor(heads)
 
 
+# The released tracker's settings (upstream ``model_builder.build_tracker``), sizes aside.
+TRACKER_SETTINGS: dict = {
+    "num_maskmem": 7,
+    "multimask_output_in_sam": True,
+    "multimask_output_for_tracking": True,
+    "multimask_min_pt_num": 0,
+    "multimask_max_pt_num": 1,
+    "always_start_from_first_ann_frame": False,
+    "non_overlap_masks_for_mem_enc": False,
+    "non_overlap_masks_for_output": False,
+    "max_cond_frames_in_attn": 4,
+    "sam_mask_decoder_extra_args": {
+        "dynamic_multimask_via_stability": True,
+        "dynamic_multimask_stability_delta": 0.05,
+        "dynamic_multimask_stability_thresh": 0.98,
+    },
+    "clear_non_cond_mem_around_input": True,
+    "fill_hole_area": 0,
+}
+
+
+def build_tracker_model(
+    spec: Sam3Spec = SAM3_SPEC,
+    apply_temporal_disambiguation: bool = False,
+    with_backbone: bool = False,
+    tracker_cls: type | None = None,
+    **overrides: object,
+):
+    """SAM 3's video tracker (upstream ``build_tracker``) for the image size and patch size of
+    ``spec``, with fresh (random) weights, in eval mode: memory encoder, memory attention, SAM
+    heads, released settings (:data:`TRACKER_SETTINGS`, changed by ``overrides``).
+    ``apply_temporal_disambiguation`` turns on memory selection. ``with_backbone`` adds the
+    vision backbone with its SAM 2 neck (no text encoder) as ``backbone``, upstream's layout.
+    ``tracker_cls``: a subclass of :class:`Sam3TrackerPredictor` to build instead."""
+    from .memory import build_tracker_maskmem_backbone
+    from .memory_attention import build_tracker_memory_attention
+    from .sam3_tracking_predictor import Sam3TrackerPredictor
+    from .vl_combiner import SAM3VLBackbone
+
+    if spec.d_model != 256:
+        raise ValueError(f"the tracker's memory is built for d_model 256, got {spec.d_model}")
+    side = spec.image_size // spec.vit_patch_size
+    cls = Sam3TrackerPredictor if tracker_cls is None else tracker_cls
+    if not issubclass(cls, Sam3TrackerPredictor):
+        raise TypeError(f"tracker_cls must subclass Sam3TrackerPredictor, got {cls!r}")
+    unknown = set(overrides) - set(TRACKER_SETTINGS)
+    if unknown:
+        raise TypeError(f"unknown tracker settings: {sorted(unknown)}")
+    model = cls(
+        transformer=TransformerWrapper(build_tracker_memory_attention((side, side)), None, 256),
+        maskmem_backbone=build_tracker_maskmem_backbone(spec.image_size, spec.vit_patch_size),
+        image_size=spec.image_size,
+        backbone_stride=spec.vit_patch_size,
+        use_memory_selection=apply_temporal_disambiguation,
+        **{**TRACKER_SETTINGS, **overrides},
+    )
+    if with_backbone:
+        visual = build_vision_backbone(spec, enable_inst_interactivity=True)
+        model.backbone = SAM3VLBackbone(visual=visual, text=None, scalp=spec.scalp)
+    model.spec = spec
+    model.eval()
+    return model
+
+
 def build_sam3_model(
     spec: Sam3Spec = SAM3_SPEC,
     tokenizer: Callable[..., object] | None = None,
@@ -314,4 +385,4 @@ def build_sam3_model(
     return model
 
 
-__all__ = ["SAM3_SPEC", "Sam3Spec", "build_sam3_model"]
+__all__ = ["SAM3_SPEC", "TRACKER_SETTINGS", "Sam3Spec", "build_sam3_model", "build_tracker_model"]

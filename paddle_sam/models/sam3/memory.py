@@ -225,17 +225,25 @@ class SimpleMaskEncoder(nn.Layer):
         return {"vision_features": x, "vision_pos_enc": [pos]}
 
 
-def build_tracker_maskmem_backbone() -> SimpleMaskEncoder:
+def build_tracker_maskmem_backbone(
+    image_size: int = 1008, backbone_stride: int = 14
+) -> SimpleMaskEncoder:
     """The released tracker's memory encoder (upstream ``_create_tracker_maskmem_backbone``):
     1008 px masks resized to 1152, four stride-2 3x3 convs to 72 x 72, two ConvNeXt blocks
-    over 256 channels, 64-channel memories with a 64-channel sine position encoding."""
+    over 256 channels, 64-channel memories with a 64-channel sine position encoding. Other
+    image sizes keep the ratios: masks resized to 16 x the feature side."""
+    side = image_size // backbone_stride
     from .position_encoding import PositionEmbeddingSine
 
     position_encoding = PositionEmbeddingSine(
-        num_pos_feats=64, normalize=True, scale=None, temperature=10000, precompute_resolution=1008
+        num_pos_feats=64,
+        normalize=True,
+        scale=None,
+        temperature=10000,
+        precompute_resolution=image_size,
     )
     mask_downsampler = SimpleMaskDownSampler(
-        kernel_size=3, stride=2, padding=1, interpol_size=[1152, 1152]
+        kernel_size=3, stride=2, padding=1, interpol_size=[16 * side, 16 * side]
     )
     cx_block_layer = CXBlock(
         dim=256, kernel_size=7, padding=3, layer_scale_init_value=1.0e-06, use_dwconv=True

@@ -1,0 +1,498 @@
+"""Video frames for SAM 3's video tracker: decoded on demand, memory bounded for long videos.
+
+A video is a video file (read with OpenCV), a folder of frame images or a list of frames
+already in memory. :func:`open_video` returns a :class:`VideoFrames` sequence whose items are
+the frames preprocessed as the official SAM 3 tracker's frame loader does: PIL's default
+(bicubic) resize of the RGB frame to a square, ``/ 255`` in float64, float32, then ImageNet
+normalisation with float32 mean and std. Only a few decoded frames are held at a time (an LRU
+cache of ``cache_frames`` RGB frames), whatever the length of the video.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from . import io as _image_io
+from .io import IMAGE_FORMATS
+
+#: video containers read with OpenCV (case-insensitive)
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".avi", ".mkv", ".webm")
+
+#: frame image files read in a folder (case-insensitive); the content must be one of
+#: :data:`paddle_sam.predict.io.IMAGE_FORMATS`, whatever the extension says
+FRAME_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# on a cache miss ahead of the capture's position by at most this many frames, decode forward
+# (frames before the kept chunk are only grabbed, not converted) rather than seek
+_FORWARD_GAP = 64
+
+
+class VideoError(ValueError):
+    """A video, frame folder or frame list that cannot be read (one-line message naming it)."""
+
+
+class FrameIndexError(VideoError, IndexError):
+    """A frame index outside ``0 .. len - 1`` (negative indices included)."""
+
+
+Store = Callable[[int, np.ndarray], None]
+
+
+def _check_size(value: Any, name: str) -> int:
+    if isinstance(value, bool | np.bool_):
+        raise VideoError(f"{name} must be a positive integer, got {value!r}")
+    try:
+        size = operator.index(value)
+    except TypeError:
+        raise VideoError(f"{name} must be a positive integer, got {value!r}") from None
+    if size < 1:
+        raise VideoError(f"{name} must be a positive integer, got {size}")
+    return size
+
+
+def _check_pixels(name: str, width: int, height: int) -> None:
+    limit = _image_io.MAX_IMAGE_PIXELS  # read at call time, as predict.io does
+    if width * height > limit:
+        raise VideoError(
+            f"{name}: {width}x{height} pixels is above the limit of {limit} pixels per frame"
+        )
+
+
+def _check_rgb(frame: Any, name: str) -> np.ndarray:
+    if not isinstance(frame, np.ndarray):
+        raise VideoError(
+            f"{name}: expected an H x W x 3 uint8 RGB array or a PIL image, "
+            f"got {type(frame).__name__}"
+        )
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+        raise VideoError(
+            f"{name}: expected an H x W x 3 uint8 RGB array, got shape {tuple(frame.shape)} "
+            f"dtype {frame.dtype}"
+        )
+    if frame.shape[0] < 1 or frame.shape[1] < 1:
+        raise VideoError(f"{name}: empty frame of shape {tuple(frame.shape)}")
+    return frame
+
+
+def preprocess_frame(
+    rgb: np.ndarray,
+    image_size: int,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> np.ndarray:
+    """``H x W x 3`` uint8 RGB -> ``3 x image_size x image_size`` float32, the official recipe.
+
+    PIL's default resize (bicubic) to ``image_size x image_size``, ``/ 255.0`` in float64,
+    cast to float32, then ``(x - mean) / std`` with float32 mean and std: bitwise the values of
+    the official tracker's frame loader for the same RGB frame.
+    """
+    size = _check_size(image_size, "image_size")
+    rgb = _check_rgb(rgb, "frame")
+    resized = np.asarray(
+        Image.fromarray(np.ascontiguousarray(rgb)).resize((size, size), Image.Resampling.BICUBIC)
+    )
+    x = (resized / 255.0).transpose(2, 0, 1).astype(np.float32, order="C")
+    x -= np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
+    x /= np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
+    return x
+
+
+class _Reader:
+    """One kind of source: its size and a way to decode frame ``index``."""
+
+    name: str
+    length: int
+    height: int
+    width: int
+    fps: float | None = None
+
+    def read(self, index: int, keep_from: int, store: Store) -> np.ndarray:
+        """Decode frame ``index`` (RGB) and pass what is worth caching to ``store``; frames
+        ``keep_from .. index`` decoded on the way are passed to it as well."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the reader holds open (nothing by default)."""
+
+
+class _VideoFile(_Reader):
+    """A video file through ``cv2.VideoCapture``: one capture kept open between reads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = str(path)
+        self._cap: cv2.VideoCapture | None = None
+        self._next = 0  # index of the frame the open capture returns next
+        self._seek_ok = True
+        # CAP_PROP_FRAME_COUNT comes from the container and is often wrong: decode it all once
+        cap = self._open()
+        try:
+            # the container's claimed size, before any decoding
+            _check_pixels(
+                self.name,
+                int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+                int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+            )
+            ok, first = cap.read()
+            if not ok or first is None:
+                raise VideoError(f"{self.name}: the video has no frames (none could be decoded)")
+            self.height, self.width = first.shape[:2]
+            _check_pixels(self.name, self.width, self.height)
+            if first.ndim != 3 or first.shape[2] != 3:
+                raise VideoError(
+                    f"{self.name}: frame 0 decodes to shape {first.shape}, not H x W x 3"
+                )
+            count = 1
+            while cap.grab():
+                count += 1
+            fps = float(cap.get(cv2.CAP_PROP_FPS))
+        finally:
+            cap.release()
+        self.length = count
+        self.fps = fps if np.isfinite(fps) and fps > 0 else None
+
+    def _open(self) -> cv2.VideoCapture:
+        # FFmpeg by name: never the image-sequence backend, which reads "%d" in a path as a
+        # pattern
+        api = cv2.CAP_FFMPEG if cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG) else cv2.CAP_ANY
+        cap = cv2.VideoCapture(str(self.path), api)
+        if not cap.isOpened():
+            cap.release()
+            raise VideoError(f"{self.name}: corrupt or unreadable video (OpenCV cannot open it)")
+        return cap
+
+    def _reopen(self) -> cv2.VideoCapture:
+        self.close()
+        self._cap = self._open()
+        self._next = 0
+        return self._cap
+
+    def _start_at(self, start: int) -> cv2.VideoCapture:
+        """The open capture moved so that its next frame is at most ``start``: ``start`` itself
+        after an exact seek, else frame 0 of a reopened capture (when the position after a seek
+        is not the one asked for; seeking is then never tried again in this file)."""
+        cap = self._cap
+        if self._next == start:
+            return cap
+        if self._seek_ok:
+            if cap.set(cv2.CAP_PROP_POS_FRAMES, start) and (
+                int(cap.get(cv2.CAP_PROP_POS_FRAMES)) == start
+            ):
+                self._next = start
+                return cap
+            self._seek_ok = False
+        return self._reopen()
+
+    def read(self, index: int, keep_from: int, store: Store) -> np.ndarray:
+        cap = self._cap if self._cap is not None else self._reopen()
+        if not 0 <= index - self._next <= _FORWARD_GAP:
+            cap = self._start_at(keep_from)
+        try:
+            while self._next < keep_from:  # only grabbed: nothing kept, no colour conversion
+                if not cap.grab():
+                    raise self._lost(self._next)
+                self._next += 1
+            frame = None
+            while self._next <= index:
+                ok, bgr = cap.read()
+                if not ok or bgr is None:
+                    raise self._lost(self._next)
+                if bgr.shape != (self.height, self.width, 3):
+                    raise VideoError(
+                        f"{self.name}: frame {self._next} decodes to shape {bgr.shape}, but "
+                        f"the video is {self.width}x{self.height}"
+                    )
+                frame = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                store(self._next, frame)
+                self._next += 1
+        except BaseException:
+            self.close()  # the position is unknown now: start afresh next time
+            raise
+        assert frame is not None
+        return frame
+
+    def _lost(self, index: int) -> VideoError:
+        return VideoError(
+            f"{self.name}: frame {index} cannot be decoded (the video had {self.length} frames "
+            "when opened)"
+        )
+
+    def close(self) -> None:
+        if self._cap is not None:
+            self._cap.release()
+            self._cap = None
+        self._next = 0
+
+
+def _sorted_frame_names(names: list[str]) -> list[str]:
+    """Sorted by the integer value of the name's stem as upstream does (``0.jpg``, ``2.jpg``,
+    ``10.jpg``); by name when some stem is not an integer."""
+    try:
+        keyed = [(int(os.path.splitext(name)[0]), name) for name in names]
+    except ValueError:
+        return sorted(names)
+    return [name for _, name in sorted(keyed)]
+
+
+class _FrameFolder(_Reader):
+    """A folder of frame images, sorted as upstream sorts them; only headers read at open."""
+
+    def __init__(self, folder: Path) -> None:
+        self.name = str(folder)
+        try:
+            names = [
+                entry.name
+                for entry in os.scandir(folder)
+                if entry.is_file() and os.path.splitext(entry.name)[1].lower() in FRAME_EXTENSIONS
+            ]
+        except OSError as exc:
+            raise VideoError(f"{self.name}: cannot list the folder ({exc})") from exc
+        if not names:
+            raise VideoError(
+                f"{self.name}: no frames in the folder (extensions read: "
+                f"{', '.join(FRAME_EXTENSIONS)})"
+            )
+        self.paths = [folder / name for name in _sorted_frame_names(names)]
+        self.length = len(self.paths)
+        first = self.paths[0]
+        self.width, self.height = self._header(first)
+        for path in self.paths[1:]:
+            size = self._header(path)
+            if size != (self.width, self.height):
+                raise VideoError(
+                    f"{path}: frame is {size[0]}x{size[1]}, but the first frame ({first.name}) "
+                    f"is {self.width}x{self.height}; all frames of a video must have one size"
+                )
+
+    def _open(self, path: Path) -> Image.Image:
+        try:
+            with warnings.catch_warnings():
+                # our own limit applies, not PIL's lower warning threshold
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                im = Image.open(path, formats=IMAGE_FORMATS)
+        except Image.DecompressionBombError as exc:
+            raise VideoError(f"{path}: image too large ({exc})") from exc
+        except UnidentifiedImageError:
+            raise VideoError(
+                f"{path}: not a readable image (formats read: {', '.join(IMAGE_FORMATS)})"
+            ) from None
+        except OSError as exc:
+            raise VideoError(f"{path}: cannot read the image ({exc})") from exc
+        _check_pixels(str(path), im.width, im.height)
+        return im
+
+    def _header(self, path: Path) -> tuple[int, int]:
+        with self._open(path) as im:  # the header only: no pixels are decoded
+            return im.size
+
+    def read(self, index: int, keep_from: int, store: Store) -> np.ndarray:
+        path = self.paths[index]
+        im = self._open(path)
+        try:
+            # upstream's conversion; like upstream, EXIF orientation is not applied (frames
+            # keep the size their headers give)
+            frame = np.asarray(im.convert("RGB"))
+        except OSError as exc:  # truncated or damaged files
+            raise VideoError(f"{path}: frame {index} is damaged or truncated ({exc})") from exc
+        finally:
+            im.close()
+        if frame.shape != (self.height, self.width, 3):
+            raise VideoError(
+                f"{path}: frame {index} is {frame.shape[1]}x{frame.shape[0]}, but the video is "
+                f"{self.width}x{self.height}"
+            )
+        store(index, frame)
+        return frame
+
+
+class _FrameList(_Reader):
+    """Frames the caller holds (arrays or PIL images), kept as given."""
+
+    def __init__(self, frames: list | tuple) -> None:
+        self.name = f"a list of {len(frames)} frames"
+        if not frames:
+            raise VideoError("the list of frames is empty")
+        self.frames = frames
+        self.length = len(frames)
+        size = None
+        for k, frame in enumerate(frames):
+            if isinstance(frame, Image.Image):
+                width, height = frame.size
+            else:
+                height, width = _check_rgb(frame, f"{self.name}: frame {k}").shape[:2]
+            _check_pixels(f"{self.name}: frame {k}", width, height)
+            if size is None:
+                size = (width, height)
+            elif (width, height) != size:
+                raise VideoError(
+                    f"{self.name}: frame {k} is {width}x{height}, but frame 0 is "
+                    f"{size[0]}x{size[1]}; all frames of a video must have one size"
+                )
+        self.width, self.height = size
+
+    def read(self, index: int, keep_from: int, store: Store) -> np.ndarray:
+        frame = self.frames[index]
+        if isinstance(frame, Image.Image):
+            rgb = np.asarray(frame.convert("RGB"))
+            store(index, rgb)  # converted: worth keeping
+            return rgb
+        view = frame.view()
+        view.flags.writeable = False
+        return view
+
+
+class VideoFrames(Sequence):
+    """Frames of one video, decoded on demand.
+
+    ``frames[i]`` is frame ``i`` preprocessed for the tracker (``3 x S x S`` float32 numpy,
+    :func:`preprocess_frame`; the caller converts it to a paddle tensor); :meth:`rgb` the
+    original ``H x W x 3`` uint8 RGB frame (read-only). Attributes: ``height``, ``width`` (the
+    original frames'), ``fps`` (None when unknown: folders and lists), ``source`` (a
+    description: the path, or "a list of N frames"), ``image_size`` (S) and ``cache_frames``.
+
+    At most ``cache_frames`` decoded RGB frames are kept (least recently used dropped first;
+    :meth:`cached_count` says how many are held); nothing else holds frames, so memory is
+    bounded whatever the length of the video. Frames of a list are the caller's and are not
+    copied. For a video file one ``cv2.VideoCapture`` stays open between reads: sequential
+    forward reads never seek; a miss elsewhere seeks a little before the frame and decodes
+    forward, keeping that chunk, so reverse sequential reads decode each frame about once too.
+    Release the capture with :meth:`close` or a ``with`` block (a later read reopens it).
+    Not thread-safe: one reader at a time.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike | list | tuple,
+        image_size: int = 1008,
+        cache_frames: int = 16,
+    ) -> None:
+        self.image_size = _check_size(image_size, "image_size")
+        self.cache_frames = _check_size(cache_frames, "cache_frames")
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._reader = _make_reader(source)
+        self.source = self._reader.name
+        self.height = self._reader.height
+        self.width = self._reader.width
+        self.fps = self._reader.fps
+
+    def __len__(self) -> int:
+        return self._reader.length
+
+    def _index(self, index: Any) -> int:
+        if isinstance(index, bool | np.bool_):
+            raise VideoError(f"{self.source}: frame indices are integers, got {index!r}")
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise VideoError(
+                f"{self.source}: frame indices are integers, got {type(index).__name__}"
+            ) from None
+        n = len(self)
+        if not 0 <= i < n:
+            raise FrameIndexError(
+                f"{self.source}: frame index {i} out of range: the video has {n} frames (0-{n - 1})"
+            )
+        return i
+
+    def _store(self, index: int, frame: np.ndarray) -> None:
+        frame.flags.writeable = False
+        self._cache[index] = frame
+        self._cache.move_to_end(index)
+        while len(self._cache) > self.cache_frames:
+            self._cache.popitem(last=False)
+
+    def rgb(self, index: int) -> np.ndarray:
+        """Frame ``index`` as decoded: ``height x width x 3`` uint8 RGB, read-only."""
+        i = self._index(index)
+        frame = self._cache.get(i)
+        if frame is not None:
+            self._cache.move_to_end(i)
+            return frame
+        return self._reader.read(i, max(0, i - self.cache_frames // 2), self._store)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        """Frame ``index`` preprocessed: ``3 x image_size x image_size`` float32."""
+        return preprocess_frame(self.rgb(index), self.image_size)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def cached_count(self) -> int:
+        """How many decoded RGB frames the cache holds now (at most ``cache_frames``)."""
+        return len(self._cache)
+
+    def close(self) -> None:
+        """Release the open video capture, if any, and empty the cache."""
+        self._reader.close()
+        self._cache.clear()
+
+    def __enter__(self) -> VideoFrames:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception:  # interpreter shutdown: nothing left to release
+                pass
+
+    def __repr__(self) -> str:
+        return (
+            f"VideoFrames({self.source!r}, {len(self)} frames, {self.width}x{self.height}, "
+            f"fps={self.fps}, image_size={self.image_size})"
+        )
+
+
+def _make_reader(source: Any) -> _Reader:
+    if isinstance(source, list | tuple):
+        return _FrameList(source)
+    if not isinstance(source, str | os.PathLike):
+        raise VideoError(
+            "a video is a path to a video file or a folder of frames, or a list of frames; "
+            f"got {type(source).__name__}"
+        )
+    path = Path(source)
+    if path.is_dir():
+        return _FrameFolder(path)
+    if not path.exists():
+        raise VideoError(f"{path}: no such video file or folder")
+    if not path.is_file() or path.suffix.lower() not in VIDEO_EXTENSIONS:
+        raise VideoError(
+            f"{path}: neither a folder of frames nor a video file (video extensions read: "
+            f"{', '.join(VIDEO_EXTENSIONS)})"
+        )
+    return _VideoFile(path)
+
+
+def open_video(
+    source: str | os.PathLike | list | tuple, image_size: int = 1008, cache_frames: int = 16
+) -> VideoFrames:
+    """Open a video for the tracker: frames decoded on demand (:class:`VideoFrames`).
+
+    ``source``: a path to a video file (:data:`VIDEO_EXTENSIONS`, any case) or to a folder of
+    frame images (:data:`FRAME_EXTENSIONS`, sorted by the integer value of their names, else
+    by name), or a list / tuple of frames (``H x W x 3`` uint8 RGB arrays or PIL images,
+    converted to RGB). All frames must have one size. A video file is decoded once here to
+    count its frames exactly; a folder's images only have their headers read. ``image_size``:
+    the side of the square preprocessed frames. Raises :class:`VideoError` for anything
+    unreadable, with a one-line message naming it.
+    """
+    return VideoFrames(source, image_size=image_size, cache_frames=cache_frames)
