@@ -1,4 +1,4 @@
-"""``paddle-sam``: convert, segment, everything, align, export, serve, train, eval, synth.
+"""``paddle-sam``: convert, segment, everything, track, align, export, serve, train, eval, synth.
 
 Run ``paddle-sam COMMAND --help`` for each command's options. Errors in what the user gave
 (files, prompts, arguments, output folders) print one line naming the problem and exit with
@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import NoReturn
 
-from . import align, convert, everything, export, segment, serve, train
+from . import align, convert, everything, export, segment, serve, track, train
 from .common import DEFAULT_MODEL, check_bounded
 
 MAX_THREADS = 1024
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"CPU threads, 1 to {MAX_THREADS} (default: all available)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (convert, segment, export, everything, align, serve, train):
+    for command in (convert, segment, everything, track, export, align, serve, train):
         command.add_parser(sub)
     return p
 

@@ -349,13 +349,29 @@ def _rope_layers(model: paddle.nn.Layer) -> dict[str, paddle.nn.Layer]:
 
 
 def random_released_state_dict(
-    spec: Any = None, seed: int = 0, enable_inst_interactivity: bool = False
+    spec: Any = None,
+    seed: int = 0,
+    enable_inst_interactivity: bool = False,
+    with_tracker: bool = False,
 ) -> dict[str, np.ndarray]:
     """Random weights in the official ``sam3.pt`` layout (detector part, and with
-    ``enable_inst_interactivity`` the tracker's SAM heads; see :func:`released_layout`), for
-    demos and tests that need an "official" file without torch. ``freqs_cis`` hold the true
-    RoPE tables; the model built from these weights is meaningless.
+    ``enable_inst_interactivity`` the tracker's SAM heads, with ``with_tracker`` the whole
+    video tracker; see :func:`released_layout`), for demos and tests that need an "official"
+    file without torch. ``freqs_cis`` hold the true RoPE tables; the model built from these
+    weights is meaningless.
     """
+    if with_tracker:
+        from ..models.sam3.build_sam3 import build_tracker_model
+
+        with paddle.LazyGuard():
+            tracker = build_tracker_model(SAM3_SPEC if spec is None else spec)
+        linear = linear_weights(tracker)
+        rng = np.random.default_rng(seed + 1)
+        heads = {
+            TRACKER_PREFIX + key: random_weight(key, shape[::-1] if key in linear else shape, rng)
+            for key, shape in model_shapes(tracker).items()
+        }
+        return {**random_released_state_dict(spec, seed, enable_inst_interactivity), **heads}
     model = _build_lazy(spec, enable_inst_interactivity)
     rope = _rope_layers(model)
     rng = np.random.default_rng(seed)

@@ -15,7 +15,7 @@ from types import TracebackType
 import cv2
 import numpy as np
 
-from paddle_sam.predict.io import coco_rle, save_mask_png
+from .io import coco_rle, save_mask_png
 
 #: frames per second of the overlay video when the source's rate is unknown
 DEFAULT_FPS = 10.0

@@ -26,7 +26,16 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 H, W = 60, 90  # the test image; prompts below lie inside it
-COMMANDS = {"convert", "segment", "everything", "align", "random-checkpoint", "export", "serve"}
+COMMANDS = {
+    "convert",
+    "segment",
+    "everything",
+    "track",
+    "align",
+    "random-checkpoint",
+    "export",
+    "serve",
+}
 
 
 def run(argv: list[str]) -> int:

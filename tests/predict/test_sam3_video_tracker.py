@@ -12,7 +12,6 @@ import dataclasses
 import numpy as np
 import paddle
 import pytest
-from PIL import Image
 
 from paddle_sam.build.sam3 import build_sam3_video_model, build_tracker, load_sam3_tracker
 from paddle_sam.convert import sam3 as convert_sam3
@@ -29,6 +28,7 @@ from tests.helpers.sam3_ref import (
     tiny_sam3_spec,
     tracker_cpu_patches,
 )
+from tests.helpers.video import scene, write_frames, write_mp4
 
 torch, _ = import_sam3()
 
@@ -37,30 +37,9 @@ SPEC = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedf
 NUM_FRAMES, H, W = 8, 60, 80
 
 
-def scene(num_frames: int = NUM_FRAMES, h: int = H, w: int = W) -> list[np.ndarray]:
-    """A generated video: a red square moving right, a blue disc that leaves through the
-    bottom edge on frames 3-5 and comes back, a static green bar, on a textured ground."""
-    yy, xx = np.mgrid[:h, :w]
-    frames = []
-    for t in range(num_frames):
-        img = np.stack(
-            [40 + 20 * np.sin(xx / 5.0), 60 + 20 * np.cos(yy / 4.0), 50 + 0 * xx], -1
-        ).astype(np.uint8)
-        x0 = 8 + 5 * t
-        img[15:33, x0 : x0 + 18] = (220, 30, 30)
-        cy = 40 + (25 if 3 <= t <= 5 else 0)
-        img[(yy - cy) ** 2 + (xx - 55) ** 2 <= 64] = (30, 40, 220)
-        img[4:10, 60:76] = (30, 200, 60)
-        frames.append(img)
-    return frames
-
-
 @pytest.fixture(scope="module")
 def video_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("video")
-    for i, frame in enumerate(scene()):
-        Image.fromarray(frame).save(folder / f"{i}.jpg", quality=95)
-    return folder
+    return write_frames(scene(NUM_FRAMES, H, W), tmp_path_factory.mktemp("video"))
 
 
 @pytest.fixture(scope="module")
@@ -189,19 +168,10 @@ def test_mask_prompt_from_video(pair, video_dir):
 def test_video_sources_agree(pair, tmp_path):
     """A PNG folder, a list of frames and an MP4 file of the same video are tracked the same:
     PNG and list bit for bit; the MP4 (lossy) to the same shapes and ids."""
-    import cv2
-
     _, ours = pair
-    frames = scene()
-    png = tmp_path / "png"
-    png.mkdir()
-    for i, f in enumerate(frames):
-        Image.fromarray(f).save(png / f"{i:05d}.png")
-    mp4 = tmp_path / "clip.mp4"
-    writer = cv2.VideoWriter(str(mp4), cv2.VideoWriter_fourcc(*"mp4v"), 10, (W, H))
-    for f in frames:
-        writer.write(f[:, :, ::-1].copy())
-    writer.release()
+    frames = scene(NUM_FRAMES, H, W)
+    png = write_frames(frames, tmp_path / "png", ext=".png")
+    mp4 = write_mp4(frames, tmp_path / "clip.mp4")
     results = {}
     for tag, source in (("png", png), ("list", frames), ("mp4", mp4)):
         state = ours.init_state(video_path=source)
