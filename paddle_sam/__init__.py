@@ -34,6 +34,8 @@ __all__ = [
     "__version__",
     "build_sam",
     "build_sam3_image_model",
+    "build_sam3_video_model",
+    "load_sam3_tracker",
     "sam_model_registry",
     "set_num_threads",
 ]
@@ -41,6 +43,8 @@ __all__ = [
 # SAM 3 is imported on first use, so that ``import paddle_sam`` stays as fast as for SAM v1.
 _LAZY = {
     "build_sam3_image_model": ".build.sam3",
+    "build_sam3_video_model": ".build.sam3",
+    "load_sam3_tracker": ".build.sam3",
     "Sam3Processor": ".predict.sam3.processor",
     "Sam3Spec": ".models.sam3.build_sam3",
 }

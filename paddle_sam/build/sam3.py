@@ -26,6 +26,14 @@ from ..predict.sam3.tokenizer import SimpleTokenizer
 from ..predict.sam3.tracker import Sam3TrackerVideoPredictor, Sam3VideoModel
 
 
+def _no_download(load_from_hf: bool, checkpoint_path: object) -> None:
+    if load_from_hf and checkpoint_path is None:
+        raise ValueError(
+            "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
+            "converted .pdparams)"
+        )
+
+
 def build_sam3_image_model(
     bpe_path: str | os.PathLike | None = None,
     device: str | None = None,
@@ -46,11 +54,7 @@ def build_sam3_image_model(
     given. ``load_from_HF`` must stay False: nothing is ever downloaded. ``compile`` is ignored
     (use ``paddle-sam export`` for static graphs).
     """
-    if load_from_HF and checkpoint_path is None:
-        raise ValueError(
-            "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
-            "converted .pdparams)"
-        )
+    _no_download(load_from_HF, checkpoint_path)
     if device is not None:
         paddle.set_device(device)
     model = build_sam3_model(
@@ -147,11 +151,7 @@ def build_sam3_video_model(
     ``.pdparams`` (strict load of both parts); without it the weights are random. Nothing is
     ever downloaded; ``compile`` is ignored."""
     del compile
-    if load_from_HF and checkpoint_path is None:
-        raise ValueError(
-            "paddle-sam never downloads weights: pass checkpoint_path (official sam3.pt or a "
-            "converted .pdparams)"
-        )
+    _no_download(load_from_HF, checkpoint_path)
     if device is not None:
         paddle.set_device(device)
     if spec is None:

@@ -25,6 +25,7 @@ from tests.helpers.sam3_ref import (
     cpu_patches,
     import_sam3,
     perturb_module_,
+    reference_vision_backbone,
     run_prompts,
     tiny_sam3_spec,
 )
@@ -46,12 +47,10 @@ def build_reference(spec: Sam3Spec, bpe_path: str):
     from sam3.model.maskformer_segmentation import PixelDecoder, UniversalSegmentationHead
     from sam3.model.model_misc import MLP, DotProductScoring, TransformerWrapper
     from sam3.model.model_misc import MultiheadAttentionWrapper as MHA
-    from sam3.model.necks import Sam3DualViTDetNeck
     from sam3.model.position_encoding import PositionEmbeddingSine
     from sam3.model.sam3_image import Sam3Image
     from sam3.model.text_encoder_ve import VETextEncoder
     from sam3.model.tokenizer_ve import SimpleTokenizer
-    from sam3.model.vitdet import ViT
     from sam3.model.vl_combiner import SAM3VLBackbone
 
     d, nh, ffn = spec.d_model, spec.num_heads, spec.dim_feedforward
@@ -61,38 +60,7 @@ def build_reference(spec: Sam3Spec, bpe_path: str):
             d, normalize=True, temperature=10000, precompute_resolution=res
         )
 
-    trunk = ViT(
-        img_size=spec.image_size,
-        pretrain_img_size=spec.pretrain_image_size,
-        patch_size=spec.vit_patch_size,
-        embed_dim=spec.encoder_embed_dim,
-        depth=spec.encoder_depth,
-        num_heads=spec.encoder_num_heads,
-        mlp_ratio=spec.mlp_ratio,
-        norm_layer="LayerNorm",
-        drop_path_rate=0.1,
-        qkv_bias=True,
-        use_abs_pos=True,
-        tile_abs_pos=True,
-        global_att_blocks=spec.encoder_global_attn_indexes,
-        rel_pos_blocks=(),
-        use_rope=True,
-        use_interp_rope=True,
-        window_size=spec.window_size,
-        pretrain_use_cls_token=True,
-        retain_cls_token=False,
-        ln_pre=True,
-        ln_post=False,
-        return_interm_layers=False,
-        bias_patch_embed=False,
-    )
-    neck = Sam3DualViTDetNeck(
-        position_encoding=pe(spec.image_size),
-        d_model=d,
-        scale_factors=list(spec.scale_factors),
-        trunk=trunk,
-        add_sam2_neck=False,
-    )
+    neck = reference_vision_backbone(spec, add_sam2_neck=False)
     text = VETextEncoder(
         tokenizer=SimpleTokenizer(bpe_path=bpe_path),
         d_model=d,

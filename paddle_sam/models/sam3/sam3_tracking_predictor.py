@@ -267,16 +267,11 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         point_inputs = concat_points(old, points, labels)
         point_inputs_per_frame[frame_idx] = point_inputs
         mask_inputs_per_frame.pop(frame_idx, None)
-        is_init_cond_frame = frame_idx not in inference_state["frames_already_tracked"]
-        reverse = (
-            False
-            if is_init_cond_frame
-            else inference_state["frames_already_tracked"][frame_idx]["reverse"]
+        is_init_cond_frame, reverse, is_cond, storage_key = self._prompt_frame(
+            inference_state, frame_idx
         )
         obj_output_dict = inference_state["output_dict_per_obj"][obj_idx]
         obj_temp_output_dict = inference_state["temp_output_dict_per_obj"][obj_idx]
-        is_cond = is_init_cond_frame or self.add_all_frames_to_correct_as_cond
-        storage_key = "cond_frame_outputs" if is_cond else "non_cond_frame_outputs"
 
         num_points = point_inputs["point_coords"].shape[1]
         if num_points > self.max_point_num_in_prompt_enc > 0:
@@ -367,16 +362,11 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
 
         mask_inputs_per_frame[frame_idx] = mask_video_res
         point_inputs_per_frame.pop(frame_idx, None)
-        is_init_cond_frame = frame_idx not in inference_state["frames_already_tracked"]
-        reverse = (
-            False
-            if is_init_cond_frame
-            else inference_state["frames_already_tracked"][frame_idx]["reverse"]
+        is_init_cond_frame, reverse, is_cond, storage_key = self._prompt_frame(
+            inference_state, frame_idx
         )
         obj_output_dict = inference_state["output_dict_per_obj"][obj_idx]
         obj_temp_output_dict = inference_state["temp_output_dict_per_obj"][obj_idx]
-        is_cond = is_init_cond_frame or self.add_all_frames_to_correct_as_cond
-        storage_key = "cond_frame_outputs" if is_cond else "non_cond_frame_outputs"
         current_out, _ = self._run_single_frame_inference(
             inference_state=inference_state,
             output_dict=obj_output_dict,
@@ -403,6 +393,24 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
                 )
         video_res_masks = self._video_res_masks(inference_state, frame_idx, is_cond)
         return frame_idx, inference_state["obj_ids"], None, video_res_masks
+
+    def _prompt_frame(self, inference_state: dict, frame_idx: int) -> tuple[bool, bool, bool, str]:
+        """How a prompt on ``frame_idx`` is stored: ``(is_init_cond_frame, reverse, is_cond,
+        storage_key)``. A frame not tracked yet starts the object like SAM on an image; on a
+        tracked frame the prompt corrects it, in the direction it was tracked."""
+        is_init_cond_frame = frame_idx not in inference_state["frames_already_tracked"]
+        reverse = (
+            False
+            if is_init_cond_frame
+            else inference_state["frames_already_tracked"][frame_idx]["reverse"]
+        )
+        is_cond = is_init_cond_frame or self.add_all_frames_to_correct_as_cond
+        return (
+            is_init_cond_frame,
+            reverse,
+            is_cond,
+            ("cond_frame_outputs" if is_cond else "non_cond_frame_outputs"),
+        )
 
     @staticmethod
     def _check_frame_idx(inference_state: dict, frame_idx: Any, name: str = "frame") -> int:
