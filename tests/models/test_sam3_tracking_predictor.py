@@ -16,6 +16,7 @@ from paddle_sam.models.sam3.position_encoding import PositionEmbeddingSine
 from paddle_sam.models.sam3.sam3_tracking_predictor import Sam3TrackerPredictor
 from tests.helpers.sam3_ref import (
     assert_close,
+    assert_masks_close,
     fan_in_init_,
     import_sam3,
     perturb_module_,
@@ -102,22 +103,6 @@ def _states(ref, ours):
     return r_state, o_state
 
 
-def _close(r, o, name: str) -> float:
-    """Mask logits (objects x 1 x H x W) within 1e-4 relative to their scale, binary masks
-    99.99 % the same. Where two objects' logits tie to float32 noise, the non-overlap
-    constraint may keep either one (the other clamped to -10): such swapped pixels (at most
-    0.1 %) are compared with the objects' values sorted."""
-    r_np = r.detach().float().numpy()
-    o_np = np.asarray(o.astype("float32").numpy())
-    tol = 1e-4 * max(1.0, float(np.abs(r_np).max()))
-    swapped = (np.abs(r_np - o_np) > tol).any(axis=(0, 1))
-    assert swapped.mean() <= 1e-3, f"{name}: {int(swapped.sum())} pixels differ"
-    _, err, _ = assert_close(np.sort(r_np, 0), np.sort(o_np, 0), max_abs=tol, name=name)
-    agree = float(((r_np > 0) == (o_np > 0)).mean())
-    assert agree >= 0.9999, f"{name}: binary masks agree on {agree}"
-    return err
-
-
 def _propagate(ref, ours, r_state, o_state, tag: str, **kw) -> list[float]:
     with tracker_cpu_patches():
         ref.propagate_in_video_preflight(r_state)
@@ -129,8 +114,8 @@ def _propagate(ref, ours, r_state, o_state, tag: str, **kw) -> list[float]:
     for r, o in zip(r_out, o_out, strict=True):
         frame = r[0]
         assert list(r[1]) == list(o[1])
-        errs.append(_close(r[3], o[3], f"{tag} frame {frame}: video masks"))
-        errs.append(_close(r[2], o[2], f"{tag} frame {frame}: low-res masks"))
+        errs.append(assert_masks_close(r[3], o[3], f"{tag} frame {frame}: video masks"))
+        errs.append(assert_masks_close(r[2], o[2], f"{tag} frame {frame}: low-res masks"))
         assert_close(r[4], o[4], max_abs=1e-4 * max(1.0, float(r[4].abs().max())))
         assert (r[4] > 0.5).all(), f"{tag} frame {frame}: object score too close to 0"
     return errs
@@ -187,7 +172,9 @@ def test_two_objects_clicks_correction_reverse():
             r = ref.add_new_points_or_box(r_state, **r_kw)
         o = ours.add_new_points_or_box(o_state, **p)
         assert r[0] == o[0] and list(r[1]) == list(o[1]) and r[2] is None and o[2] is None
-        report.append(_close(r[3], o[3], f"click frame {p['frame_idx']}, obj {p['obj_id']}"))
+        report.append(
+            assert_masks_close(r[3], o[3], f"click frame {p['frame_idx']}, obj {p['obj_id']}")
+        )
 
     for p in prompts:
         add(p)
@@ -208,7 +195,7 @@ def test_two_objects_clicks_correction_reverse():
     assert list(r_ids) == list(o_ids) == [1]
     assert [f for f, _ in r_frames] == [f for f, _ in o_frames]
     for (f, r), (_, o) in zip(r_frames, o_frames, strict=True):
-        _close(r, o, f"after removal, frame {f}")
+        assert_masks_close(r, o, f"after removal, frame {f}")
     _compare_state(r_state, o_state)
     print(f"tracking predictor: max abs mask error {max(report):.2e}")
 
@@ -229,13 +216,13 @@ def test_mask_prompt_and_hole_filling():
     with tracker_cpu_patches():
         r = ref.add_new_points_or_box(r_state, 0, 1, torch.tensor([[0.3, 0.4]]), [1])
     o = ours.add_new_points_or_box(o_state, 0, 1, [[0.3, 0.4]], [1])
-    _close(r[3], o[3], "click")
+    assert_masks_close(r[3], o[3], "click")
     for m in (mask, np.roll(mask, 4, axis=1)):
         with tracker_cpu_patches():
             r = ref.add_new_mask(r_state, 1, 3, torch.from_numpy(m))
         o = ours.add_new_mask(o_state, 1, 3, m)
         assert r[0] == o[0] == 1 and list(r[1]) == list(o[1]) == [1, 3] and o[2] is None
-        _close(r[3], o[3], "mask prompt")
+        assert_masks_close(r[3], o[3], "mask prompt")
         filled = o[3].numpy()[1, 0] > 0
         assert filled[52, 64 + 4] and not filled[6, 10], "hole filled and speck removed"
     _propagate(ref, ours, r_state, o_state, "forward", start_frame_idx=0,

@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from ..common import LayerNorm2d, Linear
+from ..common import LayerNorm2d, Linear, depthwise_conv2d
 from .model_misc import get_clones, is_static_size
 from .vitdet import DropPath
 
@@ -140,6 +140,7 @@ class CXBlock(nn.Layer):
         self.dwconv = nn.Conv2D(
             dim, dim, kernel_size=kernel_size, padding=padding, groups=dim if use_dwconv else 1
         )
+        self.depthwise, self.padding = use_dwconv and dim > 1, padding
         self.norm = LayerNorm2d(dim, eps=1e-6)
         self.pwconv1 = Linear(dim, 4 * dim)
         self.act = nn.GELU()
@@ -155,7 +156,11 @@ class CXBlock(nn.Layer):
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         inp = x
-        x = self.norm(self.dwconv(x))
+        if self.depthwise:  # a faster CPU path than Paddle's grouped conv
+            x = depthwise_conv2d(x, self.dwconv.weight, self.dwconv.bias, self.padding)
+        else:
+            x = self.dwconv(x)
+        x = self.norm(x)
         x = x.transpose([0, 2, 3, 1])  # N x C x H x W -> N x H x W x C
         x = self.pwconv2(self.act(self.pwconv1(x)))
         if self.gamma is not None:

@@ -375,7 +375,10 @@ class Sam3TrackerBase(Sam3TrackerHeads):
                 continue
             feats = prev["maskmem_features"].astype("float32")
             prompts.append(feats.flatten(2).transpose([2, 0, 1]))
-            enc = prev["maskmem_pos_enc"][-1].flatten(2).transpose([2, 0, 1])
+            enc = prev["maskmem_pos_enc"][-1]  # may be stored at batch 1 (shared)
+            if enc.shape[0] != feats.shape[0]:
+                enc = enc.expand([feats.shape[0], -1, -1, -1])
+            enc = enc.flatten(2).transpose([2, 0, 1])
             t = 0 if is_selected_cond else t_pos
             prompt_pos.append(enc + self.maskmem_tpos_enc[self.num_maskmem - t - 1])
 

@@ -36,6 +36,19 @@ from .sam3_tracker_utils import fill_holes_in_mask_scores
 BackboneOut = dict[str, Any]
 
 
+def _flat(x: paddle.Tensor, batch_size: int) -> paddle.Tensor:
+    """``1 x C x H x W`` -> ``HW x batch_size x C``."""
+    x = x.flatten(2).transpose([2, 0, 1])
+    return x if batch_size == 1 else x.expand([-1, batch_size, -1])
+
+
+def _same_tensors(a: list[paddle.Tensor], b: list[paddle.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x is y or (x.shape == y.shape and x.dtype == y.dtype and bool(paddle.equal_all(x, y)))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
 def _empty_outputs() -> dict[str, dict]:
     return {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
 
@@ -139,15 +152,21 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
             inference_state["cached_features"] = {frame_idx: (None, backbone_out)}
         if "tracker_backbone_out" in backbone_out:
             backbone_out = backbone_out["tracker_backbone_out"]
-        expanded = {
-            "backbone_fpn": [
-                x.expand([batch_size, -1, -1, -1]) for x in backbone_out["backbone_fpn"]
-            ],
-            "vision_pos_enc": [
-                x.expand([batch_size, -1, -1, -1]) for x in backbone_out["vision_pos_enc"]
-            ],
-        }
-        return (None, *self._prepare_backbone_features(expanded))
+        # Flattened (HW x B x C) at batch 1, then repeated for the objects: Paddle's expand
+        # copies, so flatten first. The position encodings are the same on every frame (sine
+        # encodings of the sizes): their flattened copy is kept and reused while the frame's
+        # encodings equal the ones it was made from; upstream's views cost nothing.
+        levels = slice(-self.num_feature_levels, None)
+        feats = [_flat(x, batch_size) for x in backbone_out["backbone_fpn"][levels]]
+        pos_src = list(backbone_out["vision_pos_enc"][levels])
+        sizes = [tuple(x.shape[-2:]) for x in pos_src]
+        cached = inference_state["constants"].get(("flat_vision_pos_enc", batch_size))
+        if cached is not None and _same_tensors(cached[0], pos_src):
+            pos = cached[1]
+        else:
+            pos = [_flat(x, batch_size) for x in pos_src]
+            inference_state["constants"][("flat_vision_pos_enc", batch_size)] = (pos_src, pos)
+        return None, dict(backbone_out), feats, pos, sizes
 
     # ------------------------------------------------------------------ state
 
@@ -726,7 +745,7 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
             if maskmem_features is not None:
                 obj_out["maskmem_features"] = maskmem_features[s]
             if maskmem_pos_enc is not None:
-                obj_out["maskmem_pos_enc"] = [x[s] for x in maskmem_pos_enc]
+                obj_out["maskmem_pos_enc"] = maskmem_pos_enc  # batch 1, shared
             obj_output_dict[storage_key][frame_idx] = obj_out
 
     # ------------------------------------------------------------------ clearing
@@ -872,15 +891,17 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         return maskmem_features.astype("bfloat16"), pos
 
     def _get_maskmem_pos_enc(self, inference_state: dict, current_out: dict):
-        """The memory position encoding, one copy kept in the state's constants."""
+        """The memory position encoding (the same on every frame): one copy kept in the
+        state's constants."""
         out_pos = current_out["maskmem_pos_enc"]
         if out_pos is None:
             return None
         constants = inference_state["constants"]
         if "maskmem_pos_enc" not in constants:
             constants["maskmem_pos_enc"] = [x[0:1].clone() for x in out_pos]
-        b = out_pos[0].shape[0]
-        return [x.expand([b, -1, -1, -1]) for x in constants["maskmem_pos_enc"]]
+        # batch 1, shared by every frame and object (the memory attention expands it):
+        # upstream stores expanded views, which Paddle's expand would turn into copies
+        return constants["maskmem_pos_enc"]
 
     @paddle.no_grad()
     def remove_object(
@@ -933,7 +954,6 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
                 out["maskmem_features"] = paddle.gather(feats.astype("float32"), index).astype(
                     feats.dtype
                 )
-                out["maskmem_pos_enc"] = [paddle.gather(x, index) for x in out["maskmem_pos_enc"]]
                 out["maskmem_pos_enc"] = self._get_maskmem_pos_enc(inference_state, out)
                 for key in ("pred_masks", "obj_ptr", "object_score_logits"):
                     out[key] = paddle.gather(out[key], index)
