@@ -2,14 +2,18 @@
 
 ``forward_grounding`` goes from backbone features + text features + geometric prompts to
 per-query scores, boxes and masks: geometry encoder -> fusion encoder -> decoder ->
-dot-product scoring -> segmentation head.
+dot-product scoring -> segmentation head. ``forward_video_grounding_multigpu`` runs it on the
+frames of a video one by one, with a per-frame cache, mask NMS and the SAM 2 neck's features
+for the tracker (upstream ``Sam3ImageOnVideoMultiGPU``, in one process).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import paddle
 from paddle import nn
 
@@ -41,6 +45,13 @@ class Sam3Image(nn.Layer):
     TEXT_ID_FOR_TEXT = 0
     TEXT_ID_FOR_VISUAL = 1
     TEXT_ID_FOR_GEOMETRIC = 2
+
+    # video grounding (upstream ``Sam3ImageOnVideoMultiGPU``), in one process: rank 0 of 1
+    rank = 0
+    world_size = 1
+    # cast the SAM 2 neck's features to bfloat16 as upstream does for its all-gather; None:
+    # upstream's default, on when the backbone is a ``SAM3VLBackbone``
+    gather_backbone_out: bool | None = None
 
     def __init__(
         self,
@@ -260,6 +271,209 @@ class Sam3Image(nn.Layer):
             hs,
         )
         return out
+
+    # ---- video grounding (upstream: Sam3ImageOnVideoMultiGPU) ----
+
+    def _get_img_feats_on_the_fly(
+        self, backbone_out: dict[str, Any], find_input: FindStage
+    ) -> tuple[dict[str, Any], FindStage]:
+        """Upstream ``Sam3Image._get_img_feats`` where ``backbone_out`` holds the frames
+        (``img_batch_all_stages``: a ``T x 3 x H x W`` tensor or a list of ``3 x H x W``
+        tensors) instead of their features: the backbone runs on the prompts' unique images
+        only, and ``find_input``'s image ids are mapped to rows of the new features
+        (upstream's ``id_mapping``). Returns ``(backbone_out with the features, find_input
+        with mapped ids)``; a ``backbone_out`` that already holds features is returned as is
+        (its ``id_mapping``, if any, applied)."""
+        ids = np.asarray(find_input.img_ids.numpy(), dtype=np.int64).reshape(-1)
+        if "backbone_fpn" not in backbone_out:
+            img_batch = backbone_out["img_batch_all_stages"]
+            unique_ids = np.unique(ids) if ids.size > 1 else ids
+            if isinstance(img_batch, paddle.Tensor):
+                image = paddle.gather(img_batch, paddle.to_tensor(unique_ids), axis=0)
+            elif unique_ids.size == 1:
+                image = paddle.to_tensor(img_batch[int(unique_ids[0])]).unsqueeze(0)
+            else:
+                image = paddle.stack([paddle.to_tensor(img_batch[int(i)]) for i in unique_ids])
+            id_mapping = np.full(len(img_batch), -1, dtype=np.int64)
+            id_mapping[unique_ids] = np.arange(len(unique_ids))
+            backbone_out = {
+                **backbone_out,
+                **self.backbone.forward_image(image.astype("float32")),
+                "id_mapping": paddle.to_tensor(id_mapping),
+            }
+        id_mapping = backbone_out.get("id_mapping")
+        if id_mapping is not None:
+            ids = np.asarray(id_mapping.numpy())[ids]
+            if (ids < 0).any():
+                raise ValueError("find_input asks for an image whose features were not computed")
+            find_input = dataclasses.replace(find_input, img_ids=paddle.to_tensor(ids))
+        return backbone_out, find_input
+
+    @paddle.no_grad()
+    def forward_video_grounding_multigpu(
+        self,
+        backbone_out: dict[str, Any],
+        find_inputs: list[FindStage],
+        geometric_prompt: Prompt,
+        frame_idx: int,
+        num_frames: int,
+        multigpu_buffer: dict[int, dict[str, Any]],
+        track_in_reverse: bool = False,
+        return_sam2_backbone_feats: bool = False,
+        run_nms: bool = False,
+        nms_prob_thresh: float | None = None,
+        nms_iou_thresh: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The detector's outputs on frame ``frame_idx`` of a video (upstream
+        ``Sam3ImageOnVideoMultiGPU.forward_video_grounding_multigpu``, in one process).
+
+        ``backbone_out`` holds the text features and ``img_batch_all_stages`` (the frames);
+        ``find_inputs`` one :class:`FindStage` per frame. ``multigpu_buffer`` (a dict the
+        caller keeps between calls) caches per-frame outputs: as upstream with one process,
+        the chunk of the current frame is computed if missing, the previous frame's entry is
+        evicted and the next frame's (in the tracking direction) computed ahead. Returns
+        ``(out, backbone_out)``: ``out`` holds ``pred_logits`` (those removed by the mask NMS
+        lowered by 1e4 when ``run_nms``), ``pred_boxes``, ``pred_boxes_xyxy``, ``pred_masks``
+        and, when :attr:`gather_backbone_out`, the SAM 2 neck's features for the tracker in
+        bfloat16 (``tracker_backbone_fpn_0/1/2``) and their position encodings
+        (``tracker_backbone_pos_enc``). Other ``kwargs`` are accepted and unused, as upstream.
+        """
+        del kwargs
+        # Step 1: fetch the detector outputs in the current chunk from buffer
+        frame_idx_curr_b = frame_idx - frame_idx % self.world_size
+        frame_idx_curr_e = min(frame_idx_curr_b + self.world_size, num_frames)
+        if frame_idx not in multigpu_buffer:
+            self._build_multigpu_buffer_next_chunk(
+                backbone_out=backbone_out,
+                find_inputs=find_inputs,
+                geometric_prompt=geometric_prompt,
+                frame_idx_begin=frame_idx_curr_b,
+                frame_idx_end=frame_idx_curr_e,
+                num_frames=num_frames,
+                multigpu_buffer=multigpu_buffer,
+                run_nms=run_nms,
+                nms_prob_thresh=nms_prob_thresh,
+                nms_iou_thresh=nms_iou_thresh,
+            )
+        out = {}
+        for k, v in multigpu_buffer[frame_idx].items():
+            # upstream's filter (its keys never start with "sam2_backbone_")
+            if k.startswith("sam2_backbone_") and not return_sam2_backbone_feats:
+                continue
+            out[k] = v
+
+        # Step 2: remove detection outputs of the previous chunk from cache
+        if not track_in_reverse and frame_idx_curr_b - self.world_size >= 0:
+            frame_idx_prev_e = frame_idx_curr_b
+            frame_idx_prev_b = frame_idx_curr_b - self.world_size
+        elif track_in_reverse and frame_idx_curr_e < num_frames:
+            frame_idx_prev_b = frame_idx_curr_e
+            frame_idx_prev_e = min(frame_idx_prev_b + self.world_size, num_frames)
+        else:
+            frame_idx_prev_b = frame_idx_prev_e = None
+        if frame_idx_prev_b is not None:
+            for frame_idx_rm in range(frame_idx_prev_b, frame_idx_prev_e):
+                multigpu_buffer.pop(frame_idx_rm, None)
+
+        # Step 3: compute and cache detection outputs of the next chunk ahead of time
+        if not track_in_reverse and frame_idx_curr_e < num_frames:
+            frame_idx_next_b = frame_idx_curr_e
+            frame_idx_next_e = min(frame_idx_next_b + self.world_size, num_frames)
+        elif track_in_reverse and frame_idx_curr_b - self.world_size >= 0:
+            frame_idx_next_e = frame_idx_curr_b
+            frame_idx_next_b = frame_idx_curr_b - self.world_size
+        else:
+            frame_idx_next_b = frame_idx_next_e = None
+        if frame_idx_next_b is not None and frame_idx_next_b not in multigpu_buffer:
+            self._build_multigpu_buffer_next_chunk(
+                backbone_out=backbone_out,
+                find_inputs=find_inputs,
+                geometric_prompt=geometric_prompt,
+                frame_idx_begin=frame_idx_next_b,
+                frame_idx_end=frame_idx_next_e,
+                num_frames=num_frames,
+                multigpu_buffer=multigpu_buffer,
+                run_nms=run_nms,
+                nms_prob_thresh=nms_prob_thresh,
+                nms_iou_thresh=nms_iou_thresh,
+            )
+        return out, backbone_out
+
+    def _build_multigpu_buffer_next_chunk(
+        self,
+        backbone_out: dict[str, Any],
+        find_inputs: list[FindStage],
+        geometric_prompt: Prompt,
+        frame_idx_begin: int,
+        frame_idx_end: int,
+        num_frames: int,
+        multigpu_buffer: dict[int, dict[str, Any]],
+        run_nms: bool = False,
+        nms_prob_thresh: float | None = None,
+        nms_iou_thresh: float | None = None,
+    ) -> None:
+        """Detector outputs on a chunk of frames (one frame in one process) into
+        ``multigpu_buffer`` (upstream ``_build_multigpu_buffer_next_chunk``)."""
+        from .perflib.nms import nms_masks
+        from .vl_combiner import SAM3VLBackbone
+
+        frame_idx_local_gpu = min(frame_idx_begin + self.rank, frame_idx_end - 1)
+        frame_backbone_out, find_input = self._get_img_feats_on_the_fly(
+            backbone_out, find_inputs[frame_idx_local_gpu]
+        )
+        out_local = self.forward_grounding(
+            backbone_out=frame_backbone_out,
+            find_input=find_input,
+            find_target=None,
+            geometric_prompt=geometric_prompt,
+        )
+        if run_nms:
+            if nms_prob_thresh is None or nms_iou_thresh is None:
+                raise ValueError("run_nms needs nms_prob_thresh and nms_iou_thresh")
+            pred_logits = out_local["pred_logits"]
+            pred_probs = pred_logits.squeeze(-1).sigmoid()
+            pred_masks = out_local["pred_masks"]
+            removed = []
+            for prompt_idx in range(pred_probs.shape[0]):
+                keep = nms_masks(
+                    pred_probs=pred_probs[prompt_idx],
+                    pred_masks=pred_masks[prompt_idx],
+                    prob_threshold=nms_prob_thresh,
+                    iou_threshold=nms_iou_thresh,
+                )
+                removed.append((~keep).astype(pred_logits.dtype))
+            # a very low score for those detections removed by NMS
+            out_local["pred_logits"] = pred_logits - 1e4 * paddle.stack(removed).unsqueeze(-1)
+
+        gather_backbone_out = self.gather_backbone_out
+        if gather_backbone_out is None:
+            gather_backbone_out = isinstance(self.backbone, SAM3VLBackbone)
+        if gather_backbone_out:
+            feats = frame_backbone_out["sam2_backbone_out"]
+            if feats is None or len(feats["backbone_fpn"]) != 3:
+                raise ValueError("video grounding needs the SAM 2 neck's three feature levels")
+            # upstream casts them to bfloat16 for its all-gather, with one process too
+            backbone_fpn_bf16 = [x.astype("bfloat16") for x in feats["backbone_fpn"]]
+            vision_pos_enc = feats["vision_pos_enc"]
+
+        out_local = {
+            "pred_logits": out_local["pred_logits"],
+            "pred_boxes": out_local["pred_boxes"],
+            "pred_boxes_xyxy": out_local["pred_boxes_xyxy"],
+            "pred_masks": out_local["pred_masks"],
+        }
+        for rank in range(self.world_size):
+            frame_idx_to_save = frame_idx_begin + rank
+            if frame_idx_to_save >= num_frames:
+                continue
+            frame_buffer = dict(out_local)
+            if gather_backbone_out:
+                frame_buffer["tracker_backbone_fpn_0"] = backbone_fpn_bf16[0]
+                frame_buffer["tracker_backbone_fpn_1"] = backbone_fpn_bf16[1]
+                frame_buffer["tracker_backbone_fpn_2"] = backbone_fpn_bf16[2]
+                frame_buffer["tracker_backbone_pos_enc"] = vision_pos_enc
+            multigpu_buffer[frame_idx_to_save] = frame_buffer
 
     def predict_inst(self, inference_state: dict[str, Any], **kwargs: Any):
         """SAM 1 style prediction (points, boxes, mask input) on the image of
