@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import check_out_folder, parse_floats, positive
+from .common import parse_floats, positive, prepare_out
 
 OUTPUTS = ("results.json", "overlay.mp4", "masks")
 
@@ -81,12 +81,7 @@ def _group(prompts: list, num_frames: int, height: int, width: int) -> dict:
 def _prepare_out(out: Path, overwrite: bool) -> None:
     """Refuse to replace a previous run's outputs without --overwrite; with it, remove them
     (the mask PNGs of objects the new run may not have)."""
-    check_out_folder(out)
-    clash = [n for n in OUTPUTS if (out / n).exists()]
-    if clash and not overwrite:
-        raise FileExistsError(
-            f"{out} already has {', '.join(clash)}; pass --overwrite to replace them"
-        )
+    prepare_out(out, list(OUTPUTS), overwrite)
     masks = out / "masks"
     if overwrite and masks.is_dir():
         for obj in masks.iterdir():
