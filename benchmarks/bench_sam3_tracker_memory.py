@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import platform
 import resource
 import sys
 import tempfile
@@ -42,23 +41,6 @@ def rss_mb() -> float:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def cpu_info() -> tuple[str, str]:
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in ("unknown", ""):
-                    name = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    if name not in ("unknown", ""):
-                        break
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    return name, " ".join(f for f in wanted if f in flags) or "none of " + ", ".join(wanted)
 
 
 def state_bytes(state: dict) -> int:
@@ -158,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     state_per_frame = (half[-1]["state_mb"] - half[0]["state_mb"]) / max(n, 1)
     per_minute = 60 * args.fps
     fixed = rows[-1]["rss_mb"] - rows[-1]["state_mb"]
-    name, flags = cpu_info()
+    from bench_sam3_tracker import cpu_flags
+    from bench_sam_v1 import _cpu_model
+
+    name, flags = _cpu_model(), cpu_flags()
     print(
         f"CPU: {name} ({os.cpu_count()} logical CPUs; flags: {flags}); paddle {paddle.__version__}"
     )
