@@ -35,6 +35,7 @@ __all__ = [
     "build_sam",
     "build_sam3_image_model",
     "build_sam3_video_model",
+    "build_sam3_video_predictor",
     "load_sam3_tracker",
     "sam_model_registry",
     "set_num_threads",
@@ -44,6 +45,7 @@ __all__ = [
 _LAZY = {
     "build_sam3_image_model": ".build.sam3",
     "build_sam3_video_model": ".build.sam3",
+    "build_sam3_video_predictor": ".build.sam3",
     "load_sam3_tracker": ".build.sam3",
     "Sam3Processor": ".predict.sam3.processor",
     "Sam3Spec": ".models.sam3.build_sam3",

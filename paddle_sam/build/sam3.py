@@ -19,11 +19,18 @@ from ..convert.checkpoint import (
     read_sam3_weights,
 )
 from ..convert.core import load_state_strict, read_sidecar
-from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model, build_tracker_model
+from ..models.sam3.build_sam3 import (
+    SAM3_SPEC,
+    Sam3Spec,
+    build_sam3_model,
+    build_tracker_model,
+    build_video_model,
+)
 from ..models.sam3.sam3_image import Sam3Image
 from ..predict.sam3.predictor import Sam3Predictor
 from ..predict.sam3.tokenizer import SimpleTokenizer
-from ..predict.sam3.tracker import Sam3TrackerVideoPredictor, Sam3VideoModel
+from ..predict.sam3.tracker import Sam3TrackerVideoPredictor
+from ..predict.sam3.video_predictor import Sam3VideoModel, Sam3VideoPredictor
 
 
 def _no_download(load_from_hf: bool, checkpoint_path: object) -> None:
@@ -138,20 +145,33 @@ def load_sam3_tracker(
 
 def build_sam3_video_model(
     checkpoint_path: str | os.PathLike | None = None,
-    bpe_path: str | os.PathLike | None = None,
     load_from_HF: bool = False,  # noqa: N803 - upstream name
+    bpe_path: str | os.PathLike | None = None,
+    has_presence_token: bool = True,
+    geo_encoder_use_img_cross_attn: bool = True,
+    strict_state_dict_loading: bool = True,
     apply_temporal_disambiguation: bool = True,
     device: str | None = None,
     compile: bool = False,
     spec: Sam3Spec | None = None,
 ) -> Sam3VideoModel:
-    """``detector`` (the image model with its SAM 2 neck) and ``tracker`` (no backbone of its
-    own) of SAM 3's video model, as upstream's ``build_sam3_video_model`` returns them for
-    sam3's SAM 2 task notebook. ``checkpoint_path``: the released ``sam3.pt`` or a converted
-    ``.pdparams`` (strict load of both parts); without it the weights are random. Nothing is
-    ever downloaded; ``compile`` is ignored."""
+    """SAM 3's dense video model (upstream ``build_sam3_video_model``, same arguments): the
+    detector (image model with its SAM 2 neck) and the tracker (``.detector``, ``.tracker``,
+    as sam3's notebooks use them) with the released video settings, in eval mode.
+
+    ``checkpoint_path``: the released ``sam3.pt`` or a converted ``.pdparams`` (strict load of
+    both parts; sizes from the sidecar); without it the weights are random. Nothing is ever
+    downloaded; ``compile`` is ignored; only the released architecture is built
+    (``has_presence_token`` and ``geo_encoder_use_img_cross_attn`` True, strict loading)."""
     del compile
     _no_download(load_from_HF, checkpoint_path)
+    if not has_presence_token or not geo_encoder_use_img_cross_attn:
+        raise ValueError(
+            "only the released architecture is built (has_presence_token=True, "
+            "geo_encoder_use_img_cross_attn=True)"
+        )
+    if not strict_state_dict_loading:
+        raise ValueError("weights are always loaded strictly (strict_state_dict_loading=True)")
     if device is not None:
         paddle.set_device(device)
     if spec is None:
@@ -172,7 +192,29 @@ def build_sam3_video_model(
         checkpoint_path = _existing(checkpoint_path)
         load_sam3_weights(detector, checkpoint_path)
         load_state_strict(tracker, read_sam3_tracker_weights(checkpoint_path, tracker))
-    return Sam3VideoModel(detector, tracker)
+    return build_video_model(
+        detector,
+        tracker,
+        apply_temporal_disambiguation=apply_temporal_disambiguation,
+        model_cls=Sam3VideoModel,
+    )
+
+
+def build_sam3_video_predictor(
+    *model_args: object, gpus_to_use: object = None, **model_kwargs: object
+) -> Sam3VideoPredictor:
+    """Upstream ``build_sam3_video_predictor``: the request-API predictor around
+    :func:`build_sam3_video_model` (``checkpoint_path=...`` and its other arguments).
+    ``async_loading_frames`` and ``video_loader_type`` go to the predictor. One process:
+    ``gpus_to_use`` is accepted and unused (set the device with ``device=``)."""
+    del gpus_to_use
+    predictor_kwargs = {
+        key: model_kwargs.pop(key)
+        for key in ("async_loading_frames", "video_loader_type")
+        if key in model_kwargs
+    }
+    model = build_sam3_video_model(*model_args, **model_kwargs)
+    return Sam3VideoPredictor(model, **predictor_kwargs)
 
 
 def load_sam3(
@@ -213,6 +255,7 @@ def load_sam3_predictor(
 __all__ = [
     "build_sam3_image_model",
     "build_sam3_video_model",
+    "build_sam3_video_predictor",
     "build_tracker",
     "load_sam3",
     "load_sam3_predictor",

@@ -1,9 +1,18 @@
-"""``paddle-sam track``: follow clicked or boxed objects through a video with SAM 3's tracker.
+"""``paddle-sam track``: follow objects through a video with SAM 3.
 
-Prompts are given in the video's pixels on any frame; ``--obj-id N`` sets the object of the
-``--point`` / ``--box`` options that follow it (object 1 before any ``--obj-id``). Every prompt
-is added before tracking starts (the tracker takes no new objects after that), then the
-objects are propagated forward from ``--start-frame`` (default: the first prompted frame),
+Two modes, same outputs (per-object mask PNGs, a YouTube-VIS style results.json, an overlay
+MP4):
+
+- clicks and boxes (SAM 3's tracker): prompts in the video's pixels on any frame;
+  ``--obj-id N`` sets the object of the ``--point`` / ``--box`` options that follow it
+  (object 1 before any ``--obj-id``). Every prompt is added before tracking starts (the
+  tracker takes no new objects after that);
+- a concept (``--text "a person"``, SAM 3's dense video model): every instance of the concept
+  on every frame, each with its own id, found on the prompt frame and then on each frame as
+  instances enter; ``--box`` options are then exemplar boxes of the concept on the prompt
+  frame (``--start-frame``, or the boxes' frame).
+
+Objects are propagated forward from ``--start-frame`` (default: the first prompted frame),
 backward with ``--reverse``, or both ways with ``--both-directions``.
 """
 
@@ -94,15 +103,9 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
             shutil.rmtree(masks)
 
 
-def cmd_track(args: argparse.Namespace) -> int:
+def _checkpoint(args: argparse.Namespace) -> tuple[Path, dict]:
     from ..convert.core import read_sidecar
-    from ..models.sam3.build_sam3 import SAM3_SPEC
-    from ..predict.track_outputs import TrackWriter
-    from ..predict.video import open_video
 
-    prompts = getattr(args, "prompts", None) or []
-    if not prompts:
-        raise ValueError("give at least one --point FRAME,X,Y[,LABEL] or --box FRAME,X0,Y0,X1,Y1")
     if args.checkpoint is None:
         raise ValueError(
             "--checkpoint is required: a SAM 3 .pdparams converted from the released sam3.pt "
@@ -119,21 +122,91 @@ def cmd_track(args: argparse.Namespace) -> int:
             f"{checkpoint} was converted without the tracker (tracker.* of sam3.pt); convert "
             "the full released sam3.pt"
         )
+    return checkpoint, meta
+
+
+def _directions(
+    args: argparse.Namespace, start: int, num_frames: int, reverse_skips_start: bool = False
+) -> tuple[list, int]:
+    """``([reverse flags], frames to visit)`` of the requested propagation. The tracker
+    visits the start frame in both directions; the dense video model's backward pass starts
+    one frame before it (``reverse_skips_start``)."""
+    directions = [False, True] if args.both_directions else [args.reverse]
+    todo = 0
+    for reverse in directions:
+        if reverse and reverse_skips_start:
+            span = start if args.max_frames is None else min(start, args.max_frames)
+        else:
+            span = (start if reverse else num_frames - 1 - start) + 1
+            span = span if args.max_frames is None else min(span, args.max_frames + 1)
+        todo += span
+    return directions, todo
+
+
+def _writer(args: argparse.Namespace, out: Path, frames: Any, category: str = "object"):
+    from ..predict.track_outputs import TrackWriter
+
+    return TrackWriter(
+        out,
+        frames.height,
+        frames.width,
+        len(frames),
+        fps=frames.fps,
+        source=str(args.video),
+        write_pngs=not args.no_pngs,
+        write_video=not args.no_video,
+        frame_rgb=frames.rgb,
+        category=category,
+    )
+
+
+def _check_start(start: int, num_frames: int) -> None:
+    if start >= num_frames:
+        raise ValueError(
+            f"--start-frame {start} out of range: the video has {num_frames} frames "
+            f"(0-{num_frames - 1})"
+        )
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    from ..models.sam3.build_sam3 import SAM3_SPEC
+    from ..predict.video import open_video
+
+    prompts = getattr(args, "prompts", None) or []
+    text = args.text
+    if text is not None and not text.strip():
+        raise ValueError("--text: the concept is empty")
+    if text is None and not prompts:
+        raise ValueError(
+            "give a concept (--text), or at least one --point FRAME,X,Y[,LABEL] or --box "
+            "FRAME,X0,Y0,X1,Y1"
+        )
+    if text is not None and any(kind == "point" for kind, _, _ in prompts):
+        raise ValueError(
+            "--point does not combine with --text: refine a concept's objects with clicks in "
+            "the web page (paddle-sam serve) or the request API"
+        )
     if args.reverse and args.both_directions:
         raise ValueError("--reverse and --both-directions do not combine")
+    checkpoint, meta = _checkpoint(args)
     out = Path(args.output)
     _prepare_out(out, args.overwrite)
 
     spec = meta.get("spec") or {}
     image_size = spec.get("image_size", spec.get("img_size", SAM3_SPEC.image_size))
-    frames = open_video(args.video, image_size=image_size)
+    if text is None:
+        frames = open_video(args.video, image_size=image_size)
+        return _track_clicks(args, checkpoint, frames, prompts, out)
+    from ..predict.video import preprocess_sam3_frame
+
+    frames = open_video(args.video, image_size=image_size, preprocess=preprocess_sam3_frame)
+    return _track_concept(args, checkpoint, frames, text.strip(), prompts, out)
+
+
+def _track_clicks(args, checkpoint: Path, frames: Any, prompts: list, out: Path) -> int:
     groups = _group(prompts, len(frames), frames.height, frames.width)
     start = min(frame for _, frame in groups) if args.start_frame is None else args.start_frame
-    if start >= len(frames):
-        raise ValueError(
-            f"--start-frame {start} out of range: the video has {len(frames)} frames "
-            f"(0-{len(frames) - 1})"
-        )
+    _check_start(start, len(frames))
 
     from ..build.sam3 import load_sam3_tracker
 
@@ -150,49 +223,109 @@ def cmd_track(args: argparse.Namespace) -> int:
             labels=g["labels"] or None,
             box=g["box"],
         )
-    directions = [True, False] if args.both_directions else [args.reverse]
-    todo = 0
-    for reverse in directions:
-        last = 0 if reverse else len(frames) - 1
-        span = abs(last - start) + 1
-        todo += span if args.max_frames is None else min(span, args.max_frames + 1)
-    writer = TrackWriter(
-        out,
-        frames.height,
-        frames.width,
-        len(frames),
-        fps=frames.fps,
-        source=str(args.video),
-        write_pngs=not args.no_pngs,
-        write_video=not args.no_video,
-        frame_rgb=frames.rgb,
-    )
+    directions, todo = _directions(args, start, len(frames))
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    with writer, tqdm(total=todo, desc="track", unit="frame", disable=args.quiet) as bar:
-        for i, reverse in enumerate(directions):
-            for frame_idx, obj_ids, _, masks, scores in tracker.propagate_in_video(
-                state,
-                start_frame_idx=start,
-                max_frame_num_to_track=args.max_frames,
-                reverse=reverse,
-                propagate_preflight=i == 0,
+    with _writer(args, out, frames) as writer:
+        with tqdm(total=todo, desc="track", unit="frame", disable=args.quiet) as bar:
+            for i, reverse in enumerate(directions):
+                for frame_idx, obj_ids, _, masks, scores in tracker.propagate_in_video(
+                    state,
+                    start_frame_idx=start,
+                    max_frame_num_to_track=args.max_frames,
+                    reverse=reverse,
+                    propagate_preflight=i == 0,
+                ):
+                    probs = 1.0 / (1.0 + np.exp(-scores.astype("float32").numpy().reshape(-1)))
+                    writer.add(frame_idx, list(obj_ids), masks.numpy()[:, 0] > 0, probs)
+                    bar.update(1)
+        t_track = time.perf_counter() - t0
+        summary = writer.close()
+    _report(args, out, len(state["obj_ids"]), summary["frames"], t_track, t_load)
+    return 0
+
+
+def _track_concept(args, checkpoint: Path, frames: Any, text: str, prompts: list, out: Path) -> int:
+    """Every instance of ``text`` (and of the exemplar ``--box``es) through the video with
+    the dense video model, through its request API."""
+    height, width = frames.height, frames.width
+    boxes, box_frames = [], set()
+    for _, _, vals in prompts:  # only boxes here
+        frame, x0, y0, x1, y1 = vals
+        option = f"--box {','.join(f'{v:g}' for v in vals)}"
+        if frame >= len(frames):
+            raise ValueError(
+                f"{option}: frame {int(frame)} out of range: the video has {len(frames)} "
+                f"frames (0-{len(frames) - 1})"
+            )
+        if not (0 <= x0 <= x1 <= width and 0 <= y0 <= y1 <= height):
+            raise ValueError(f"{option}: outside the {width}x{height} video")
+        boxes.append([x0 / width, y0 / height, (x1 - x0) / width, (y1 - y0) / height])
+        box_frames.add(int(frame))
+    if len(box_frames) > 1:
+        raise ValueError(
+            f"--box with --text: exemplar boxes are given on one frame (the prompt frame), "
+            f"got frames {sorted(box_frames)}"
+        )
+    prompt_frame = box_frames.pop() if box_frames else (args.start_frame or 0)
+    start = prompt_frame if args.start_frame is None else args.start_frame
+    _check_start(max(start, prompt_frame), len(frames))
+
+    from ..build.sam3 import build_sam3_video_predictor
+
+    t0 = time.perf_counter()
+    predictor = build_sam3_video_predictor(checkpoint_path=checkpoint)
+    t_load = time.perf_counter() - t0
+    session = predictor.handle_request({"type": "start_session", "resource_path": frames})
+    sid = session["session_id"]
+    request: dict[str, Any] = {
+        "type": "add_prompt",
+        "session_id": sid,
+        "frame_index": prompt_frame,
+        "text": text,
+    }
+    if boxes:
+        request.update(bounding_boxes=boxes, bounding_box_labels=[1] * len(boxes))
+    predictor.handle_request(request)
+
+    directions, todo = _directions(args, start, len(frames), reverse_skips_start=True)
+    direction = "both" if len(directions) == 2 else ("backward" if directions[0] else "forward")
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    obj_ids: set[int] = set()
+    with _writer(args, out, frames, category=text) as writer:
+        with tqdm(total=todo, desc="track", unit="frame", disable=args.quiet) as bar:
+            for item in predictor.handle_stream_request(
+                {
+                    "type": "propagate_in_video",
+                    "session_id": sid,
+                    "propagation_direction": direction,
+                    "start_frame_index": start,
+                    "max_frame_num_to_track": args.max_frames,
+                }
             ):
-                probs = 1.0 / (1.0 + np.exp(-scores.astype("float32").numpy().reshape(-1)))
-                writer.add(frame_idx, list(obj_ids), masks.numpy()[:, 0] > 0, probs)
+                o = item["outputs"]
+                ids = [int(i) for i in o["out_obj_ids"]]
+                obj_ids.update(ids)
+                writer.add(item["frame_index"], ids, o["out_binary_masks"], o["out_probs"])
                 bar.update(1)
         t_track = time.perf_counter() - t0
         summary = writer.close()
-    n = summary["frames"]
+    predictor.handle_request({"type": "close_session", "session_id": sid})
+    _report(args, out, len(obj_ids), summary["frames"], t_track, t_load)
+    return 0
+
+
+def _report(args, out: Path, num_objects: int, n: int, t_track: float, t_load: float) -> None:
     print(
-        f"tracked {len(state['obj_ids'])} object(s) over {n} frame(s) in {t_track:.1f} s "
+        f"tracked {num_objects} object(s) over {n} frame(s) in {t_track:.1f} s "
         f"({t_track / max(n, 1):.2f} s/frame; model loaded in {t_load:.1f} s) -> {out}/"
         "results.json"
         + ("" if args.no_video else ", overlay.mp4")
         + ("" if args.no_pngs else ", masks/")
     )
-    return 0
 
 
 def _frame_count(text: str) -> int:
@@ -209,9 +342,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``track``."""
     s = sub.add_parser(
         "track",
-        help="SAM 3: follow clicked or boxed objects through a video (masks per frame)",
-        description="Follow clicked or boxed objects through a video with SAM 3's tracker: "
-        "per-object mask PNGs, a YouTube-VIS style results.json and an overlay MP4.",
+        help="SAM 3: follow clicked objects, or every instance of a concept, through a video",
+        description="Follow clicked or boxed objects (SAM 3's tracker), or every instance of "
+        "a concept (--text, SAM 3's dense video model), through a video: per-object mask PNGs, "
+        "a YouTube-VIS style results.json and an overlay MP4.",
     )
     s.add_argument("video", help="a video file (MP4, MOV, AVI, MKV, WEBM) or a folder of frames")
     s.add_argument(
@@ -226,7 +360,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_parse_frame_box,
         action=_Prompt,
         metavar="FRAME,X0,Y0,X1,Y1",
-        help="a box in pixels on frame FRAME (at most one per object and frame)",
+        help="a box in pixels on frame FRAME (at most one per object and frame); with --text "
+        "an exemplar box of the concept",
+    )
+    s.add_argument(
+        "--text",
+        default=None,
+        metavar="CONCEPT",
+        help='every instance of a concept, e.g. "a person" (SAM 3\'s dense video model); '
+        "found on the prompt frame (--start-frame, default 0) and on every frame after",
     )
     s.add_argument(
         "--obj-id",

@@ -34,6 +34,9 @@ FRAME_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: SAM 3's detector and dense video model normalise with 0.5 / 0.5
+SAM3_MEAN = (0.5, 0.5, 0.5)
+SAM3_STD = (0.5, 0.5, 0.5)
 
 # on a cache miss ahead of the capture's position by at most this many frames, decode forward
 # (frames before the kept chunk are only grabbed, not converted) rather than seek
@@ -108,6 +111,36 @@ def preprocess_frame(
     x -= np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
     x /= np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
     return x
+
+
+def preprocess_sam3_frame(
+    rgb: np.ndarray,
+    image_size: int,
+    mean: Sequence[float] = SAM3_MEAN,
+    std: Sequence[float] = SAM3_STD,
+) -> np.ndarray:
+    """``H x W x 3`` uint8 RGB -> ``3 x image_size x image_size`` float16, the official dense
+    video model's frame loader (its frame-folder and image path).
+
+    PIL bilinear resize to ``image_size x image_size``, ``/ 255`` in float32, stored as
+    float16, then ``(x - mean) / std`` in float16 (each step rounded as torch rounds it on the
+    CPU). Upstream reads video files through OpenCV without the ``/ 255`` (frames in
+    [-1, 509]; facebookresearch/sam3 issue 493) and resizes lists of PIL images bicubic; here
+    every source goes through this one recipe.
+    """
+    size = _check_size(image_size, "image_size")
+    rgb = _check_rgb(rgb, "frame")
+    resized = np.asarray(
+        Image.fromarray(np.ascontiguousarray(rgb)).resize((size, size), Image.Resampling.BILINEAR)
+    )
+    x = (resized.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0)).astype(np.float16)
+    x -= np.asarray(mean, dtype=np.float16).reshape(3, 1, 1)
+    x /= np.asarray(std, dtype=np.float16).reshape(3, 1, 1)
+    return np.ascontiguousarray(x)
+
+
+#: how a decoded RGB frame becomes the model's input: ``(rgb, image_size) -> 3 x S x S``
+Preprocess = Callable[[np.ndarray, int], np.ndarray]
 
 
 class _Reader:
@@ -378,9 +411,11 @@ class VideoFrames(Sequence):
         source: str | os.PathLike | list | tuple,
         image_size: int = 1008,
         cache_frames: int = 16,
+        preprocess: Preprocess = preprocess_frame,
     ) -> None:
         self.image_size = _check_size(image_size, "image_size")
         self.cache_frames = _check_size(cache_frames, "cache_frames")
+        self.preprocess = preprocess
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._reader = _make_reader(source)
         self.source = self._reader.name
@@ -424,8 +459,9 @@ class VideoFrames(Sequence):
         return self._reader.read(i, max(0, i - self.cache_frames // 2), self._store)
 
     def __getitem__(self, index: int) -> np.ndarray:
-        """Frame ``index`` preprocessed: ``3 x image_size x image_size`` float32."""
-        return preprocess_frame(self.rgb(index), self.image_size)
+        """Frame ``index`` preprocessed: ``3 x image_size x image_size`` (float32 with the
+        default :func:`preprocess_frame`)."""
+        return self.preprocess(self.rgb(index), self.image_size)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         for i in range(len(self)):
@@ -483,7 +519,10 @@ def _make_reader(source: Any) -> _Reader:
 
 
 def open_video(
-    source: str | os.PathLike | list | tuple, image_size: int = 1008, cache_frames: int = 16
+    source: str | os.PathLike | list | tuple,
+    image_size: int = 1008,
+    cache_frames: int = 16,
+    preprocess: Preprocess = preprocess_frame,
 ) -> VideoFrames:
     """Open a video for the tracker: frames decoded on demand (:class:`VideoFrames`).
 
@@ -492,7 +531,10 @@ def open_video(
     by name), or a list / tuple of frames (``H x W x 3`` uint8 RGB arrays or PIL images,
     converted to RGB). All frames must have one size. A video file is decoded once here to
     count its frames exactly; a folder's images only have their headers read. ``image_size``:
-    the side of the square preprocessed frames. Raises :class:`VideoError` for anything
-    unreadable, with a one-line message naming it.
+    the side of the square preprocessed frames; ``preprocess``: the tracker's recipe
+    (:func:`preprocess_frame`) or the dense video model's (:func:`preprocess_sam3_frame`).
+    Raises :class:`VideoError` for anything unreadable, with a one-line message naming it.
     """
-    return VideoFrames(source, image_size=image_size, cache_frames=cache_frames)
+    return VideoFrames(
+        source, image_size=image_size, cache_frames=cache_frames, preprocess=preprocess
+    )

@@ -18,7 +18,7 @@ from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from tests.cli.test_cli import assert_user_error, run
 from tests.helpers.sam3_ref import tiny_sam3_spec
-from tests.helpers.video import scene, write_mp4
+from tests.helpers.video import scene, write_frames, write_mp4
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
@@ -164,3 +164,147 @@ def test_track_refuses_image_only_checkpoint(tmp_path, video, capsys):
     convert_checkpoint(src, dst, spec=SPEC, progress=False)
     argv = track(video, tmp_path / "out", dst, "--point", "0,1,1")
     assert_user_error(capsys, argv, "without the tracker")
+
+
+# ---------------------------------------------------------------- concepts (--text)
+
+TEXT = "a red square"
+# random weights score below the released thresholds: every detection is kept in these tests,
+# and overlapping ones are kept apart
+LOW = {
+    "score_threshold_detection": 0.0,
+    "new_det_thresh": 0.0,
+    "det_nms_thresh": 0.5,
+    "assoc_iou_thresh": 0.5,
+}
+
+
+@pytest.fixture
+def low_thresholds(monkeypatch, work):
+    """The video model as the CLI and the API build it, with the thresholds at 0 and its
+    random weights balanced (tests/helpers/server.py: masks that differ and cover part of a
+    frame), so that several instances are found and tracked."""
+    from paddle_sam.build import sam3 as build
+    from paddle_sam.models.sam3.build_sam3 import VIDEO_SETTINGS
+    from tests.helpers.server import balance_video_model_
+
+    for key, value in LOW.items():
+        monkeypatch.setitem(VIDEO_SETTINGS[True], key, value)
+    frames = work / "balance_frames"
+    if not frames.is_dir():
+        write_frames(scene(FRAMES, H, W), frames)
+    build_predictor = build.build_sam3_video_predictor
+
+    def balanced(*args, **kwargs):
+        predictor = build_predictor(*args, **kwargs)
+        balance_video_model_(predictor.model, frames)
+        return predictor
+
+    monkeypatch.setattr(build, "build_sam3_video_predictor", balanced)
+
+
+def api_outputs(ckpt, video, requests: list[dict], stream: dict) -> dict[int, dict]:
+    """The request API on the same checkpoint and video: ``{frame: outputs}``."""
+    from paddle_sam.build.sam3 import build_sam3_video_predictor
+
+    predictor = build_sam3_video_predictor(checkpoint_path=ckpt)
+    sid = predictor.handle_request({"type": "start_session", "resource_path": str(video)})[
+        "session_id"
+    ]
+    for req in requests:
+        predictor.handle_request({**req, "session_id": sid})
+    return {
+        item["frame_index"]: item["outputs"]
+        for item in predictor.handle_stream_request({**stream, "session_id": sid})
+    }
+
+
+def decoded(out: Path) -> dict[int, dict[int, np.ndarray]]:
+    """``{obj_id: {frame: mask}}`` of a results.json."""
+    from pycocotools import mask as mask_utils
+
+    res = json.loads((out / "results.json").read_text())
+    masks: dict[int, dict[int, np.ndarray]] = {}
+    for ann in res["annotations"]:
+        for f, rle in enumerate(ann["segmentations"]):
+            if rle is not None:
+                m = mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()})
+                masks.setdefault(ann["obj_id"], {})[f] = m.astype(bool)
+    return masks
+
+
+def test_track_text_equals_the_api(tmp_path, video, ckpt, capsys, low_thresholds):
+    """--text: every instance through the video, the request API's masks and ids on every
+    frame, category named after the concept, the overlay decodes back."""
+    out = tmp_path / "out"
+    assert run(track(video, out, ckpt, "--text", TEXT)) == 0
+    expected = api_outputs(
+        ckpt,
+        video,
+        [{"type": "add_prompt", "frame_index": 0, "text": TEXT}],
+        {"type": "propagate_in_video", "propagation_direction": "forward", "start_frame_index": 0},
+    )
+    assert sorted(expected) == list(range(FRAMES))
+    ids = sorted({int(i) for o in expected.values() for i in o["out_obj_ids"]})
+    assert len(ids) >= 2  # several instances with the thresholds at 0
+    assert f"tracked {len(ids)} object(s) over {FRAMES} frame(s)" in capsys.readouterr().out
+    got = decoded(out)
+    assert sorted(got) == ids
+    for f, o in expected.items():
+        for obj_id, mask in zip(o["out_obj_ids"], o["out_binary_masks"], strict=True):
+            np.testing.assert_array_equal(got[int(obj_id)][f], mask)
+            png = np.array(Image.open(out / "masks" / str(obj_id) / f"{f:05d}.png"))
+            np.testing.assert_array_equal(png > 0, mask)
+        shown = {obj_id for obj_id in got if f in got[obj_id]}
+        assert shown == {int(i) for i in o["out_obj_ids"]}, f"frame {f}"
+    res = json.loads((out / "results.json").read_text())
+    assert [c["name"] for c in res["categories"]] == [TEXT]
+    cap = cv2.VideoCapture(str(out / "overlay.mp4"))
+    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == FRAMES
+    cap.release()
+
+
+def test_track_text_with_exemplar_box_and_directions(tmp_path, video, ckpt, low_thresholds):
+    """--text with an exemplar --box on frame 3, both directions: the API's outputs for the
+    same prompt (the box as normalised xywh) on every frame."""
+    out = tmp_path / "out"
+    argv = track(video, out, ckpt, "--text", TEXT, "--box", "3,20,10,50,40", "--both-directions")
+    assert run([*argv, "--no-video", "--no-pngs"]) == 0
+    box = [20 / W, 10 / H, 30 / W, 30 / H]
+    expected = api_outputs(
+        ckpt,
+        video,
+        [
+            {
+                "type": "add_prompt",
+                "frame_index": 3,
+                "text": TEXT,
+                "bounding_boxes": [box],
+                "bounding_box_labels": [1],
+            }
+        ],
+        {"type": "propagate_in_video", "propagation_direction": "both", "start_frame_index": 3},
+    )
+    assert sorted(expected) == list(range(FRAMES))
+    got = decoded(out)
+    for f, o in expected.items():
+        for obj_id, mask in zip(o["out_obj_ids"], o["out_binary_masks"], strict=True):
+            np.testing.assert_array_equal(got[int(obj_id)][f], mask)
+
+
+def test_track_text_errors(tmp_path, video, ckpt, capsys):
+    out = tmp_path / "out"
+    cases = [
+        (track(video, out, ckpt, "--text", " "), "concept is empty"),
+        (track(video, out, ckpt, "--text", "x", "--point", "0,1,1"), "--point does not combine"),
+        (
+            track(video, out, ckpt, "--text", "x", "--box", "0,1,1,9,9", "--box", "2,1,1,9,9"),
+            "one frame",
+        ),
+        (track(video, out, ckpt, "--text", "x", "--box", "0,1,1,90,9"), "outside the 80x60"),
+        (track(video, out, ckpt, "--text", "x", "--box", "7,1,1,9,9"), "frame 7 out of range"),
+        (track(video, out, ckpt, "--text", "x", "--start-frame", "6"), "--start-frame 6"),
+    ]
+    for argv, *needles in cases:
+        assert_user_error(capsys, argv, *needles)
+    assert not out.exists()

@@ -357,6 +357,80 @@ def build_tracker_model(
     return model
 
 
+# The released dense video model's settings (upstream ``model_builder.build_sam3_video_model``):
+# with temporal disambiguation (hot-start, reconditioning), and upstream's ablation without
+_VIDEO_COMMON: dict = {
+    "score_threshold_detection": 0.5,
+    "assoc_iou_thresh": 0.1,
+    "det_nms_thresh": 0.1,
+    "new_det_thresh": 0.7,
+    "suppress_unmatched_only_within_hotstart": True,
+    "min_trk_keep_alive": -1,
+    "max_trk_keep_alive": 30,
+    "init_trk_keep_alive": 30,
+    "suppress_overlapping_based_on_recent_occlusion_threshold": 0.7,
+    "suppress_det_close_to_boundary": False,
+    "fill_hole_area": 16,
+    "masklet_confirmation_enable": False,
+    "decrease_trk_keep_alive_for_empty_masklets": False,
+}
+VIDEO_SETTINGS: dict = {
+    True: {
+        **_VIDEO_COMMON,
+        "hotstart_delay": 15,
+        "hotstart_unmatch_thresh": 8,
+        "hotstart_dup_thresh": 8,
+        "recondition_every_nth_frame": 16,
+    },
+    False: {
+        **_VIDEO_COMMON,
+        "hotstart_delay": 0,
+        "hotstart_unmatch_thresh": 0,
+        "hotstart_dup_thresh": 0,
+        "recondition_every_nth_frame": 0,
+    },
+}
+
+
+def build_video_model(
+    detector: Sam3Image,
+    tracker: nn.Layer,
+    apply_temporal_disambiguation: bool = True,
+    model_cls: type | None = None,
+    **overrides: object,
+):
+    """SAM 3's dense video model around a detector (the image model with its SAM 2 neck) and
+    a tracker (:func:`build_tracker_model`), with the released settings
+    (:data:`VIDEO_SETTINGS`, changed by ``overrides``), in eval mode. The detector is set up
+    as upstream's video detector: joint box scores supervised, no interactive predictor of
+    its own (the tracker does the clicks). ``model_cls``: a subclass of
+    ``Sam3VideoInferenceWithInstanceInteractivity`` to build instead."""
+    from .sam3_video_inference import Sam3VideoInferenceWithInstanceInteractivity
+
+    cls = Sam3VideoInferenceWithInstanceInteractivity if model_cls is None else model_cls
+    if not issubclass(cls, Sam3VideoInferenceWithInstanceInteractivity):
+        raise TypeError(
+            f"model_cls must subclass Sam3VideoInferenceWithInstanceInteractivity, got {cls!r}"
+        )
+    settings = VIDEO_SETTINGS[bool(apply_temporal_disambiguation)]
+    unknown = set(overrides) - set(settings)
+    if unknown:
+        raise TypeError(f"unknown video model settings: {sorted(unknown)}")
+    if getattr(detector.backbone.vision_backbone, "sam2_convs", None) is None:
+        raise ValueError("the detector needs the SAM 2 neck (enable_inst_interactivity=True)")
+    detector.supervise_joint_box_scores = True
+    detector.inst_interactive_predictor = None
+    model = cls(
+        detector=detector,
+        tracker=tracker,
+        image_size=detector.spec.image_size,
+        **{**settings, **overrides},
+    )
+    model.spec = detector.spec
+    model.eval()
+    return model
+
+
 def build_sam3_model(
     spec: Sam3Spec = SAM3_SPEC,
     tokenizer: Callable[..., object] | None = None,
@@ -385,4 +459,12 @@ def build_sam3_model(
     return model
 
 
-__all__ = ["SAM3_SPEC", "TRACKER_SETTINGS", "Sam3Spec", "build_sam3_model", "build_tracker_model"]
+__all__ = [
+    "SAM3_SPEC",
+    "TRACKER_SETTINGS",
+    "VIDEO_SETTINGS",
+    "Sam3Spec",
+    "build_sam3_model",
+    "build_tracker_model",
+    "build_video_model",
+]

@@ -39,6 +39,13 @@ class FindStage:
     input_points_mask: paddle.Tensor | None = None
 
 
+def _float32_frame(frame: Any) -> paddle.Tensor:
+    """A ``3 x H x W`` frame (NumPy array or tensor, any float type) as a float32 tensor."""
+    if isinstance(frame, paddle.Tensor):
+        return frame.astype("float32")
+    return paddle.to_tensor(np.asarray(frame, dtype=np.float32))
+
+
 class Sam3Image(nn.Layer):
     """SAM 3 detector: finds, boxes and segments every instance of a text / exemplar prompt."""
 
@@ -290,10 +297,8 @@ class Sam3Image(nn.Layer):
             unique_ids = np.unique(ids) if ids.size > 1 else ids
             if isinstance(img_batch, paddle.Tensor):
                 image = paddle.gather(img_batch, paddle.to_tensor(unique_ids), axis=0)
-            elif unique_ids.size == 1:
-                image = paddle.to_tensor(img_batch[int(unique_ids[0])]).unsqueeze(0)
-            else:
-                image = paddle.stack([paddle.to_tensor(img_batch[int(i)]) for i in unique_ids])
+            else:  # frames may be float16 (upstream's storage): float32 before any op
+                image = paddle.stack([_float32_frame(img_batch[int(i)]) for i in unique_ids])
             id_mapping = np.full(len(img_batch), -1, dtype=np.int64)
             id_mapping[unique_ids] = np.arange(len(unique_ids))
             backbone_out = {

@@ -67,7 +67,7 @@ def _as_array(value: Any, name: str) -> np.ndarray:
     return arr
 
 
-def _check_prompt(points: Any, labels: Any, box: Any):
+def check_prompt(points: Any, labels: Any, box: Any):
     """Clicks ``[1 x] N x 2`` with labels ``[1 x] N`` and/or a box of 4 numbers, checked ->
     ``(1 x N x 2 float32, 1 x N int32, 1 x 2 x 2 float32 or None)`` paddle tensors."""
     if (points is not None) != (labels is not None):
@@ -265,7 +265,7 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         accepted and unused, as upstream."""
         del normalize_coords
         frame_idx = self._check_frame_idx(inference_state, frame_idx)
-        points, labels, box = _check_prompt(points, labels, box)
+        points, labels, box = check_prompt(points, labels, box)
         if box is not None and not clear_old_points:
             raise ValueError(
                 "cannot add box without clearing old points, since box prompt must be "

@@ -110,19 +110,4 @@ class Sam3TrackerVideoPredictor(Sam3TrackerPredictor):
         return state
 
 
-class Sam3VideoModel(nn.Layer):
-    """SAM 3's video model as far as the tracker needs it: ``detector`` (the image model,
-    with the SAM 2 neck) and ``tracker`` (:class:`Sam3TrackerVideoPredictor`, no backbone of
-    its own). As in upstream's notebook, the tracker runs on the detector's backbone::
-
-        predictor = model.tracker
-        predictor.backbone = model.detector.backbone
-    """
-
-    def __init__(self, detector: nn.Layer, tracker: Sam3TrackerVideoPredictor) -> None:
-        super().__init__()
-        self.detector = detector
-        self.tracker = tracker
-
-
-__all__ = ["Sam3TrackerVideoPredictor", "Sam3VideoModel"]
+__all__ = ["Sam3TrackerVideoPredictor"]
