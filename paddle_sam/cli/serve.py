@@ -13,6 +13,10 @@ from ..serve.config import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_QUEUED_JOBS,
     DEFAULT_MAX_UPLOAD_MB,
+    DEFAULT_MAX_VIDEO_FRAMES,
+    DEFAULT_MAX_VIDEO_PIXELS,
+    DEFAULT_MAX_VIDEO_SECONDS,
+    DEFAULT_MAX_VIDEO_UPLOAD_MB,
     DEFAULT_MEMORY_BUDGET_MB,
     DEFAULT_SESSION_TTL_S,
     TOKEN_ENV,
@@ -33,7 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="web page and HTTP API for interactive segmentation (loopback by default)",
         description="Serve a web page and an HTTP API: upload an image once, then prompt it "
-        "with points, boxes or a previous mask. The OpenAPI schema is at /openapi.json.",
+        "with points, boxes or a previous mask. With a SAM 3 checkpoint that has the tracker "
+        "(the released sam3.pt, or a .pdparams converted from it), also a video page (/video): "
+        "text or clicks on any frame, propagation, downloads. The OpenAPI schema is at "
+        "/openapi.json.",
     )
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
@@ -81,8 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--max-queued-jobs",
         type=positive(int),
         default=DEFAULT_MAX_QUEUED_JOBS,
-        help="'everything' jobs waiting or running at once; more are refused with 429 "
-        "(default: %(default)s)",
+        help="'everything' jobs and video propagations waiting or running at once; more are "
+        "refused with 429 (default: %(default)s)",
     )
     s.add_argument(
         "--session-ttl",
@@ -104,6 +111,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=parse_confidence_threshold,
         default=0.5,
         help="SAM 3 only: keep instances scoring above this, in [0, 1) (default: %(default)s)",
+    )
+    video = s.add_argument_group(
+        "video mode (SAM 3 with its tracker: the released sam3.pt or a .pdparams converted from it)"
+    )
+    video.add_argument(
+        "--no-video",
+        action="store_true",
+        help="no video mode (the image page only; the model without the video memory modules)",
+    )
+    video.add_argument(
+        "--max-video-upload-mb",
+        type=positive(float),
+        default=DEFAULT_MAX_VIDEO_UPLOAD_MB,
+        help="refuse larger video files (default: %(default)s)",
+    )
+    video.add_argument(
+        "--max-video-frames",
+        type=positive(int),
+        default=DEFAULT_MAX_VIDEO_FRAMES,
+        help="refuse videos with more frames (default: %(default)s)",
+    )
+    video.add_argument(
+        "--max-video-seconds",
+        type=positive(float),
+        default=DEFAULT_MAX_VIDEO_SECONDS,
+        help="refuse longer videos (default: %(default)s)",
+    )
+    video.add_argument(
+        "--max-video-pixels",
+        type=positive(int),
+        default=DEFAULT_MAX_VIDEO_PIXELS,
+        help="refuse videos with larger frames, width x height (default: %(default)s, 1080p)",
     )
     s.set_defaults(func=cmd_serve)
 
@@ -133,16 +172,61 @@ def _exposure_warning(host: str, port: int, token: str | None) -> str | None:
     if token is None:
         return (
             f"paddle-sam serve: warning: listening on {where} without a token: anyone who "
-            "can reach this address can upload images and run the model on them (CPU time, "
-            "and memory up to --memory-budget-mb), prompt, download and delete any session "
-            "whose id they hold, start 'everything' jobs and read /health (the model and its "
-            f"limits). Pass --token TOKEN or set {TOKEN_ENV} to require a token."
+            "can reach this address can upload images (and videos, in the video mode) and run "
+            "the model on them (CPU time, and memory up to --memory-budget-mb), prompt, "
+            "download and delete any session whose id they hold, start 'everything' jobs and "
+            "propagations and read /health (the model and its limits). Pass --token TOKEN or "
+            f"set {TOKEN_ENV} to require a token."
         )
     return (
         f"paddle-sam serve: note: listening on {where} with a token; plain HTTP is not "
-        "encrypted: the token and the images cross the network readable by anyone on the "
+        "encrypted: the token, images and videos cross the network readable by anyone on the "
         "path (put a TLS proxy in front on a network you do not trust)"
     )
+
+
+def _video_refusal(args: argparse.Namespace) -> str | None:
+    """Why a SAM 3 ``--checkpoint`` gets no video mode, or None when it has the tracker."""
+    from pathlib import Path
+
+    from ..convert import sam3_hf
+    from ..convert.core import read_sidecar
+
+    if args.no_video:
+        return "the video mode is off on this server (paddle-sam serve --no-video)"
+    path = Path(args.checkpoint)
+    if sam3_hf.is_hf_source(path) or path.suffix.lower() == ".safetensors":
+        return (
+            "this server's SAM 3 checkpoint is in the HF transformers layout, which has no "
+            "tracker weights: the video mode needs the released sam3.pt (or a .pdparams "
+            "converted from it)"
+        )
+    meta = (read_sidecar(path) if path.is_file() else None) or {}
+    if meta.get("interactive") is False:
+        return (
+            f"this server's SAM 3 checkpoint ({path.name}) was converted without the tracker's "
+            "weights: the video mode needs the full released sam3.pt converted"
+        )
+    return None
+
+
+def _video_model(args: argparse.Namespace) -> tuple[object | None, str | None]:
+    """SAM 3's video model of ``--checkpoint``, or None and why not: a checkpoint whose
+    tracker part holds only the heads that clicks on images need (no memory encoder or
+    memory attention), or sizes the tracker is not built for, serves images only."""
+    from ..build.sam3 import build_sam3_video_model
+    from ..convert.core import CheckpointMismatchError
+
+    try:
+        return build_sam3_video_model(checkpoint_path=args.checkpoint, bpe_path=args.bpe), None
+    except CheckpointMismatchError as exc:
+        why = f"its tracker weights do not make SAM 3's video tracker ({exc})"
+    except ValueError as exc:
+        if "d_model" not in str(exc):
+            raise
+        why = str(exc)
+    print(f"paddle-sam serve: note: no video mode: {why}", file=sys.stderr)
+    return None, f"this server's SAM 3 checkpoint has no video mode: {why}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -160,6 +244,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sam3 = family(args) == "sam3"
     if not sam3 and (args.bpe is not None or args.confidence_threshold != 0.5):
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
+    video = video_refusal = None
     if sam3:
         from ..build.sam3 import load_sam3_predictor
 
@@ -167,7 +252,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
         if args.checkpoint is None:
             raise ValueError("--model-type sam3 needs --checkpoint (sam3.pt or a .pdparams)")
-        model = load_sam3_predictor(args.checkpoint, args.bpe, args.confidence_threshold)
+        video_refusal = _video_refusal(args)
+        if video_refusal is None:
+            video, video_refusal = _video_model(args)
+        if video is not None:
+            # one copy of the weights: the video model's detector (with the tracker's heads
+            # for clicks) serves the image page
+            from ..predict.sam3.predictor import Sam3Predictor
+            from ..serve.app import image_model_of
+
+            model = Sam3Predictor(
+                image_model_of(video), confidence_threshold=args.confidence_threshold
+            )
+        else:
+            model = load_sam3_predictor(args.checkpoint, args.bpe, args.confidence_threshold)
     elif args.exported is not None:
         from ..deploy import StaticSamPredictor
 
@@ -185,6 +283,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         token=token,
         allowed_hosts=args.allow_host,
         max_queued_jobs=args.max_queued_jobs,
+        video=video,
+        video_refusal=video_refusal,
+        max_video_upload_mb=args.max_video_upload_mb,
+        max_video_frames=args.max_video_frames,
+        max_video_seconds=args.max_video_seconds,
+        max_video_pixels=args.max_video_pixels,
     )
     host = f"[{args.host}]" if ":" in args.host else args.host
     page = f"http://{host}:{args.port}/" + (f"#token={token}" if token else "")

@@ -5,10 +5,14 @@ a box, the previous answer's mask, text for models that take it) are decoded aga
 session's cached embedding by restoring it into the shared predictor. Paddle is not
 thread-safe, so every model call runs under one lock; PNG and RLE encoding run outside it.
 
+With a SAM 3 video predictor (``video=``), the video mode: ``/videos`` sessions in the same
+cache and budget, propagation jobs on the same queue, the page at ``/video``.
+
 ``create_app(model_or_predictor)`` builds the app in-process (tests use a tiny model);
 ``paddle-sam serve`` runs it with uvicorn. The parts: ``guard`` (host, origin, token, content
 type and body size checks before the app), ``schemas`` (request bodies, mask PNGs),
-``service`` (the model behind its lock, "everything" jobs), ``routes`` (the HTTP API).
+``service`` (the model behind its lock, "everything" jobs), ``routes`` (the HTTP API),
+``video`` and ``video_routes`` (the video mode).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from .config import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_QUEUED_JOBS,
     DEFAULT_MAX_UPLOAD_MB,
+    DEFAULT_MAX_VIDEO_FRAMES,
+    DEFAULT_MAX_VIDEO_PIXELS,
+    DEFAULT_MAX_VIDEO_SECONDS,
+    DEFAULT_MAX_VIDEO_UPLOAD_MB,
     DEFAULT_MEMORY_BUDGET_MB,
     DEFAULT_SESSION_TTL_S,
     MAX_JSON_BYTES,
@@ -34,6 +42,47 @@ from .guard import RequestGuard, check_token
 from .routes import add_error_handlers, add_routes
 from .service import JobQueue, ModelService, cancel_jobs
 from .sessions import SessionStore
+from .video import VideoLimits, VideoService
+from .video_routes import add_video_routes
+
+NO_VIDEO_MODEL = (
+    "this server has no video mode: it needs SAM 3 with its tracker; start it with "
+    "'paddle-sam serve --model-type sam3 --checkpoint sam3.pt' (the released file, or a "
+    ".pdparams converted from it with its tracker)"
+)
+
+
+def video_predictor(video: Any) -> Any:
+    """A ``Sam3VideoPredictor`` (anything with ``handle_request`` and
+    ``handle_stream_request``), or SAM 3's video model wrapped in one."""
+    if video is None or hasattr(video, "handle_stream_request"):
+        return video
+    from ..predict.sam3.video_predictor import Sam3VideoPredictor
+
+    return Sam3VideoPredictor(video)
+
+
+def image_model_of(video: Any) -> Any:
+    """The image model inside SAM 3's video model (or predictor), able to answer clicks: its
+    detector, given the tracker as ``predict_inst``'s interactive predictor (upstream's image
+    model holds the same: a ``SAM3InteractiveImagePredictor`` around a tracker with the same
+    ``tracker.*`` weights). The video code never reads it; the weights are not copied."""
+    from ..models.sam3.interactive import SAM3InteractiveImagePredictor
+
+    model = getattr(video, "model", video) if hasattr(video, "handle_request") else video
+    detector = model.detector
+    if detector.inst_interactive_predictor is None:
+        detector.inst_interactive_predictor = SAM3InteractiveImagePredictor(model.tracker)
+    return detector
+
+
+def _is_video(x: Any) -> bool:
+    from ..models.sam3.sam3_video_inference import Sam3VideoInferenceWithInstanceInteractivity
+
+    return isinstance(x, Sam3VideoInferenceWithInstanceInteractivity) or (
+        hasattr(x, "handle_stream_request")
+        and isinstance(getattr(x, "model", None), Sam3VideoInferenceWithInstanceInteractivity)
+    )
 
 
 def create_app(
@@ -48,6 +97,12 @@ def create_app(
     token: str | None = None,
     allowed_hosts: list[str] | tuple[str, ...] | None = None,
     max_queued_jobs: int = DEFAULT_MAX_QUEUED_JOBS,
+    video: Any = None,
+    video_refusal: str | None = None,
+    max_video_upload_mb: float = DEFAULT_MAX_VIDEO_UPLOAD_MB,
+    max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES,
+    max_video_seconds: float = DEFAULT_MAX_VIDEO_SECONDS,
+    max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS,
 ) -> FastAPI:
     """The service and its web page for a SAM model (wrapped in a SamPredictor), a SAM 3
     image model (wrapped in a ``Sam3Predictor``) or a predictor.
@@ -56,11 +111,26 @@ def create_app(
     ``token``: every API route then needs ``Authorization: Bearer TOKEN`` (the page and its
     static files load without it). ``allowed_hosts``: ``Host`` names answered besides the
     address reached, ``localhost``, ``127.0.0.1`` and ``[::1]`` (``"*"``: any).
-    ``max_queued_jobs``: "everything" jobs waiting or running at once (429 beyond).
+    ``max_queued_jobs``: "everything" jobs and propagations waiting or running at once (429
+    beyond).
+
+    ``video``: SAM 3's video predictor (``Sam3VideoPredictor``) or video model, for the video
+    mode (``/videos``, the page at ``/video``); ``model_or_predictor`` may be it alone (its
+    detector then serves the image page: one copy of the weights). Without it those routes
+    answer 400
+    ``video_not_supported`` with ``video_refusal`` (a default naming what is needed). Its
+    limits: ``max_video_upload_mb`` (the file), ``max_video_frames``, ``max_video_seconds``,
+    ``max_video_pixels`` (per frame). Video sessions share ``memory_budget_mb`` with images.
     """
     check_token(token)
     from ..models.sam3.sam3_image import Sam3Image
     from ..predict.sam3.predictor import Sam3Predictor
+
+    if _is_video(model_or_predictor) and video is None:
+        # SAM 3's video model alone: its detector (the image model, with the tracker's heads
+        # for clicks) answers the image page, the same weights the video mode
+        video = video_predictor(model_or_predictor)
+        model_or_predictor = Sam3Predictor(image_model_of(video))
 
     predictor: InteractivePredictor
     if isinstance(model_or_predictor, Sam):
@@ -74,8 +144,20 @@ def create_app(
             f"create_app needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
         )
     service = ModelService(predictor, model_type, threads)
-    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s, on_drop=cancel_jobs)
+    videos: VideoService | None = None
+
+    def on_drop(session: Any) -> None:
+        cancel_jobs(session)
+        if videos is not None and hasattr(session, "predictor_id"):
+            videos.release(session)  # closes the predictor's session, removes the file
+
+    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s, on_drop=on_drop)
     jobs = JobQueue(max_queued_jobs)
+    max_video_upload = int(max_video_upload_mb * 2**20)
+    limits = VideoLimits(max_video_upload, max_video_frames, max_video_seconds, max_video_pixels)
+    video = video_predictor(video)
+    if video is not None:
+        videos = VideoService(service, video, store, jobs, limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -83,6 +165,11 @@ def create_app(
         for s in store.sessions():
             cancel_jobs(s)
         jobs.shutdown()
+        if videos is not None:
+            for s in store.sessions():
+                if hasattr(s, "predictor_id"):
+                    videos.release(s)
+            videos.shutdown()
 
     app = FastAPI(
         title="paddle-sam",
@@ -95,12 +182,14 @@ def create_app(
     app.state.service = service
     app.state.store = store
     app.state.jobs = jobs
+    app.state.videos = videos
     max_upload = int(max_upload_mb * 2**20)
     app.add_middleware(
         RequestGuard,
         token=token,
         allowed_hosts=allowed_hosts,
         max_upload=max_upload,
+        max_video_upload=max_video_upload,
         max_json=MAX_JSON_BYTES,
     )
     add_error_handlers(app)
@@ -111,7 +200,11 @@ def create_app(
         jobs,
         max_image_pixels=max_image_pixels,
         max_upload=max_upload,
+        videos=videos,
+        video_limits=limits,
+        video_refusal=video_refusal or NO_VIDEO_MODEL,
     )
+    add_video_routes(app, videos, video_refusal or NO_VIDEO_MODEL, store)
     return app
 
 

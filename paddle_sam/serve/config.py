@@ -7,3 +7,9 @@ DEFAULT_SESSION_TTL_S = 3600.0
 DEFAULT_MAX_QUEUED_JOBS = 4  # "everything" jobs waiting or running at once (one runs at a time)
 MAX_JSON_BYTES = 1 << 20  # every request body but an upload: prompts and job options are small
 TOKEN_ENV = "PADDLE_SAM_TOKEN"  # the token's environment variable (instead of --token)
+
+# the video mode (SAM 3 checkpoints with the tracker): what one uploaded video may be
+DEFAULT_MAX_VIDEO_UPLOAD_MB = 200
+DEFAULT_MAX_VIDEO_FRAMES = 300  # 10 s at 30 fps; every frame runs the whole model once
+DEFAULT_MAX_VIDEO_SECONDS = 60.0
+DEFAULT_MAX_VIDEO_PIXELS = 1920 * 1080  # per frame

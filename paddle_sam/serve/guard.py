@@ -10,12 +10,15 @@ In this order, each refusal answered with the service's error JSON
 2. A request sent by another web page (an ``Origin`` other than this server's own, or a
    browser's ``Sec-Fetch-Site`` naming another site for anything but a navigation to it):
    403 ``cross_origin``.
-3. With a token, every route but the page (``GET /``) and ``/static/`` needs
-   ``Authorization: Bearer TOKEN``, compared in constant time: else 401 ``unauthorized``.
-4. An upload (``POST /sessions``) must be ``multipart/form-data`` or ``image/*``: else 415
+3. With a token, every route but the pages (``GET /``, ``GET /video``) and ``/static/``
+   needs ``Authorization: Bearer TOKEN``, compared in constant time: else 401
+   ``unauthorized``.
+4. An upload must be ``multipart/form-data``, or ``image/*`` for an image (``POST
+   /sessions``) and ``video/*`` for a video (``POST /videos``): else 415
    ``unsupported_media_type`` (a page's cross-origin ``text/plain`` form cannot post one).
-5. A body may not pass its route's limit (uploads: ``max_upload``; any other route:
-   ``MAX_JSON_BYTES``). A ``Content-Length`` above it is 413 before a byte is read; the
+5. A body may not pass its route's limit (image uploads: ``max_upload``; video uploads:
+   ``max_video_upload``; any other route: ``MAX_JSON_BYTES``). A ``Content-Length`` above it
+   is 413 before a byte is read; the
    bytes of any body (``Transfer-Encoding: chunked`` included) are counted as they arrive
    and the request is answered 413 as soon as they pass it. The app never receives more
    than the limit, so neither the JSON parser nor the multipart parser (and its temporary
@@ -40,6 +43,8 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # RFC 6750's b64token: what fits in "Authorization: Bearer ..." without quoting
 TOKEN_PATTERN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 UPLOAD_TYPES = "multipart/form-data (a file field named 'image') or the raw bytes as image/*"
+VIDEO_UPLOAD_TYPES = "multipart/form-data (a file field named 'video') or the raw bytes as video/*"
+PAGES = ("/", "/video")  # served without the token: they read it from the address
 
 
 def check_token(token: str | None) -> str | None:
@@ -112,7 +117,8 @@ class RequestGuard:
 
     ``token``: None for no authentication. ``allowed_hosts``: more ``Host`` names to answer
     to (``"*"``: any, e.g. behind a reverse proxy that checks them). ``max_upload``: bytes of
-    an upload; ``max_json``: bytes of any other request body.
+    an image upload; ``max_video_upload``: of a video upload (default ``max_upload``);
+    ``max_json``: bytes of any other request body.
     """
 
     def __init__(
@@ -122,6 +128,7 @@ class RequestGuard:
         token: str | None = None,
         allowed_hosts: list[str] | tuple[str, ...] | None = None,
         max_upload: int,
+        max_video_upload: int | None = None,
         max_json: int = MAX_JSON_BYTES,
     ) -> None:
         self.app = app
@@ -130,14 +137,21 @@ class RequestGuard:
         self.any_host = "*" in names
         self.allowed_hosts = LOOPBACK_NAMES | (names - {"*"})
         self.max_upload, self.max_json = max_upload, max_json
+        self.max_video_upload = max_upload if max_video_upload is None else max_video_upload
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        upload = scope["method"] == "POST" and scope["path"].rstrip("/") == "/sessions"
-        limit = self.max_upload if upload else self.max_json
+        path = scope["path"].rstrip("/")
+        post = scope["method"] == "POST"
+        upload = "image" if post and path == "/sessions" else None
+        if post and path == "/videos":
+            upload = "video"
+        limit = {"image": self.max_upload, "video": self.max_video_upload}.get(
+            upload, self.max_json
+        )
         refusal = self._refusal(scope, headers, upload)
         length = headers.get("content-length", "").strip()
         if refusal is None and length.isdigit() and int(length) > limit:
@@ -149,7 +163,7 @@ class RequestGuard:
 
     # -- the checks --
 
-    def _refusal(self, scope: Scope, headers: Headers, upload: bool) -> JSONResponse | None:
+    def _refusal(self, scope: Scope, headers: Headers, upload: str | None) -> JSONResponse | None:
         host = headers.get("host")
         if host is None:
             return error_response(403, "forbidden_host", "the request has no Host header")
@@ -177,7 +191,7 @@ class RequestGuard:
                 f"requests from another web page (Sec-Fetch-Site: {site}) are refused",
             )
         public = scope["method"] in ("GET", "HEAD") and (
-            scope["path"] == "/" or scope["path"].startswith("/static/")
+            scope["path"] in PAGES or scope["path"].startswith("/static/")
         )
         if self._token is not None and not public and not self._authorized(headers):
             return error_response(
@@ -187,13 +201,14 @@ class RequestGuard:
                 "page reads it from the address the server printed, ending in #token=...)",
                 headers={"WWW-Authenticate": 'Bearer realm="paddle-sam"'},
             )
-        if upload:
+        if upload is not None:
             ctype = headers.get("content-type", "").partition(";")[0].strip().lower()
-            if ctype != "multipart/form-data" and not ctype.startswith("image/"):
+            if ctype != "multipart/form-data" and not ctype.startswith(f"{upload}/"):
+                types = UPLOAD_TYPES if upload == "image" else VIDEO_UPLOAD_TYPES
                 return error_response(
                     415,
                     "unsupported_media_type",
-                    f"an upload is {UPLOAD_TYPES}, not {ctype or 'a body without a type'!r}",
+                    f"an upload is {types}, not {ctype or 'a body without a type'!r}",
                 )
         return None
 
@@ -204,10 +219,13 @@ class RequestGuard:
         # digests of equal length: the comparison's time says nothing about the token
         return hmac.compare_digest(_digest(credentials.strip().encode("latin-1")), self._token)
 
-    def _too_large(self, upload: bool, limit: int, what: str) -> JSONResponse:
-        if upload:
+    def _too_large(self, upload: str | None, limit: int, what: str) -> JSONResponse:
+        if upload is not None:
+            flag = "--max-upload-mb" if upload == "image" else "--max-video-upload-mb"
             return error_response(
-                413, "upload_too_large", f"upload of {what} is above the limit of {limit} bytes"
+                413,
+                "upload_too_large",
+                f"{upload} upload of {what} is above the limit of {limit} bytes ({flag})",
             )
         return error_response(
             413, "body_too_large", f"request body of {what} is above the limit of {limit} bytes"
@@ -216,7 +234,7 @@ class RequestGuard:
     # -- the body, counted as it arrives --
 
     async def _limited(
-        self, scope: Scope, receive: Receive, send: Send, limit: int, upload: bool
+        self, scope: Scope, receive: Receive, send: Send, limit: int, upload: str | None
     ) -> None:
         seen = 0
         refused = started = False

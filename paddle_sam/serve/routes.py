@@ -114,8 +114,13 @@ def add_routes(
     *,
     max_image_pixels: int,
     max_upload: int,
+    videos: Any = None,
+    video_limits: Any = None,
+    video_refusal: str | None = None,
 ) -> None:
-    """The page, health, sessions, prompts, mask downloads and "everything" jobs."""
+    """The page, health, sessions, prompts, mask downloads and "everything" jobs. ``videos``
+    (a ``VideoService`` or None), ``video_limits`` and ``video_refusal`` are reported by
+    ``/health``; the video routes are ``video_routes``'."""
 
     # -- page and health --
 
@@ -137,6 +142,7 @@ def add_routes(
                 "takes_points": service.takes_points,
                 "returns_instances": service.returns_instances,
                 "everything": service.supports_everything,
+                "video": videos is not None,
             },
             "threads": service.threads,
             "sessions": store.stats(),
@@ -148,6 +154,12 @@ def add_routes(
                 "memory_budget_bytes": store.budget_bytes,
             },
             "last_embed_seconds": service.last_embed_seconds,
+            "video": {
+                "available": videos is not None,
+                "detail": None if videos is not None else video_refusal,
+                "limits": video_limits.to_json() if video_limits is not None else None,
+                "last_open_seconds": videos.last_start_seconds if videos is not None else None,
+            },
         }
 
     # -- sessions --

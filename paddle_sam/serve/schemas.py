@@ -51,6 +51,51 @@ class EverythingRequest(BaseModel):
     min_mask_region_area: int = Field(default=0, ge=0)
 
 
+class VideoPromptRequest(BaseModel):
+    """A prompt on one frame of a video; coordinates are pixels of the video's frames.
+
+    ``text`` and/or ``boxes`` (exemplars): SAM 3 detects every instance on that frame and
+    starts over (every earlier object replaced). ``points``: one object's clicks on that frame
+    (all of them: they replace the object's earlier clicks on the frame); ``obj_id`` an
+    existing object to refine it, a new one (or none: the next free id) to add one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    frame_index: int = Field(ge=0, description="the frame prompted")
+    text: str | None = Field(default=None, min_length=1, max_length=1000)
+    boxes: list[tuple[float, float, float, float]] | None = Field(
+        default=None, min_length=1, max_length=16, description="[[x0, y0, x1, y1], ...] pixels"
+    )
+    box_labels: list[Literal[0, 1]] | None = Field(
+        default=None, description="one per box: 1 positive exemplar, 0 negative (default 1)"
+    )
+    points: list[tuple[float, float]] | None = Field(
+        default=None, min_length=1, max_length=256, description="[[x, y], ...] pixels"
+    )
+    labels: list[Literal[0, 1]] | None = Field(
+        default=None, description="one per point: 1 positive, 0 negative (default: all 1)"
+    )
+    obj_id: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="the object the points are for"
+    )
+    outputs: list[Literal["png", "rle"]] = Field(
+        default_factory=lambda: ["rle"], description="mask encodings to return"
+    )
+
+
+class PropagateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    direction: Literal["both", "forward", "backward"] = "both"
+    start_frame_index: int | None = Field(
+        default=None, ge=0, description="default: the earliest frame prompted"
+    )
+    max_frames: int | None = Field(
+        default=None, ge=0, description="frames to track past the start (default: all)"
+    )
+
+
 UPLOAD_SCHEMA = {
     "requestBody": {
         "required": True,
@@ -63,6 +108,22 @@ UPLOAD_SCHEMA = {
                 }
             },
             "image/*": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+VIDEO_UPLOAD_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"video": {"type": "string", "format": "binary"}},
+                    "required": ["video"],
+                }
+            },
+            "video/*": {"schema": {"type": "string", "format": "binary"}},
         },
     }
 }
@@ -94,4 +155,12 @@ def mask_png(mask: np.ndarray) -> bytes:
     )
 
 
-__all__ = ["UPLOAD_SCHEMA", "EverythingRequest", "PromptRequest", "mask_png"]
+__all__ = [
+    "UPLOAD_SCHEMA",
+    "VIDEO_UPLOAD_SCHEMA",
+    "EverythingRequest",
+    "PromptRequest",
+    "PropagateRequest",
+    "VideoPromptRequest",
+    "mask_png",
+]

@@ -313,7 +313,7 @@ def _run_everything(
 
 def cancel_jobs(session: Session) -> None:
     """Ask a session's background jobs to stop (at their next batch)."""
-    for j in session.jobs.values():
+    for j in list(session.jobs.values()):
         j.cancel.set()
 
 

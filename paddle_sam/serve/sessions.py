@@ -1,4 +1,5 @@
-"""Sessions: one uploaded image and its embedding, in an LRU cache bounded by bytes.
+"""Sessions: one uploaded image and its embedding (or one video and SAM 3's tracking state,
+``video.VideoSession``), in an LRU cache bounded by bytes.
 
 A session holds what a prompt needs without recomputing the embedding: the predictor state
 captured after ``set_image`` (embedding, sizes), the image itself (for "everything" crops),
@@ -16,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -52,6 +53,10 @@ class Answer:
 
 @dataclass
 class Session:
+    noun: ClassVar[str] = "image"  # what its client uploads again once it is gone
+    # what its size counts, for the refusal of a session larger than the whole budget
+    contents: ClassVar[str] = "image + embedding"
+
     id: str
     image: np.ndarray  # H x W x 3 uint8
     state: dict[str, Any]  # the predictor's attributes after set_image
@@ -123,7 +128,7 @@ class SessionStore:
         self.ttl_seconds = ttl_seconds
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._sizes: dict[str, int] = {}
-        self._gone: OrderedDict[str, str] = OrderedDict()  # id -> why
+        self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (why, noun)
         self._remember = remember
         self._on_drop = on_drop
         self._lock = threading.Lock()
@@ -142,14 +147,16 @@ class SessionStore:
         with self._lock:
             return list(self._sessions.values())
 
-    def add(self, session: Session) -> list[Session]:
-        """Insert a session; return the sessions evicted to make room."""
+    def add(self, session: Any) -> list[Any]:
+        """Insert a session (a :class:`Session` or any object with its ``id``, ``nbytes``,
+        ``last_used``, ``noun`` and ``contents``); return the sessions evicted to make room."""
         size = session.nbytes
         if size > self.budget_bytes:
             raise SessionTooLarge(
-                f"this image needs {size / 2**20:.1f} MiB in the session cache (image + "
-                f"embedding), above the server's budget of {self.budget_bytes / 2**20:.1f} MiB; "
-                "upload a smaller image or start the server with a larger --memory-budget-mb"
+                f"this {session.noun} needs {size / 2**20:.1f} MiB in the session cache "
+                f"({session.contents}), above the server's budget of "
+                f"{self.budget_bytes / 2**20:.1f} MiB; upload a smaller {session.noun} or start "
+                "the server with a larger --memory-budget-mb"
             )
         with self._lock:
             self._expire_locked()
@@ -158,18 +165,23 @@ class SessionStore:
             self.total_bytes += size
             return self._evict_locked(keep=session.id)
 
-    def get(self, session_id: str) -> Session:
-        """The session, marked most recently used; raises a :class:`SessionError`."""
+    def get(self, session_id: str, kind: type | None = None) -> Any:
+        """The session, marked most recently used; raises a :class:`SessionError`. ``kind``:
+        the class it must be (an image route does not serve a video session's id)."""
+        kind = kind or Session
         with self._lock:
             self._expire_locked()
             s = self._sessions.get(session_id)
-            if s is None:
-                why = self._gone.get(session_id)
-                if why is not None:
+            if s is None or not isinstance(s, kind):
+                gone = self._gone.get(session_id)
+                if gone is not None and s is None:
+                    why, noun = gone
                     raise SessionGone(
-                        f"session {session_id} {why}; upload the image again for a new session"
+                        f"session {session_id} {why}; upload the {noun} again for a new session"
                     )
-                raise SessionNotFound(f"unknown session {session_id!r} (never created or deleted)")
+                raise SessionNotFound(
+                    f"unknown {kind.noun} session {session_id!r} (never created or deleted)"
+                )
             self._sessions.move_to_end(session_id)
             s.last_used = time.monotonic()
             return s
@@ -184,13 +196,17 @@ class SessionStore:
             self._sizes[session.id] = size
             return self._evict_locked(keep=session.id)
 
-    def delete(self, session_id: str) -> Session:
+    def delete(self, session_id: str, kind: type | None = None) -> Any:
+        kind = kind or Session
         with self._lock:
-            s = self._sessions.pop(session_id, None)
-            if s is None:
-                if session_id in self._gone:
-                    raise SessionGone(f"session {session_id} {self._gone[session_id]}")
-                raise SessionNotFound(f"unknown session {session_id!r} (never created or deleted)")
+            s = self._sessions.get(session_id)
+            if s is None or not isinstance(s, kind):
+                if s is None and session_id in self._gone:
+                    raise SessionGone(f"session {session_id} {self._gone[session_id][0]}")
+                raise SessionNotFound(
+                    f"unknown {kind.noun} session {session_id!r} (never created or deleted)"
+                )
+            del self._sessions[session_id]
             self.total_bytes -= self._sizes.pop(session_id)
             return s
 
@@ -209,7 +225,7 @@ class SessionStore:
     def _drop_locked(self, session_id: str, why: str) -> Session:
         s = self._sessions.pop(session_id)
         self.total_bytes -= self._sizes.pop(session_id)
-        self._gone[session_id] = why
+        self._gone[session_id] = (why, s.noun)
         while len(self._gone) > self._remember:
             self._gone.popitem(last=False)
         if self._on_drop is not None:

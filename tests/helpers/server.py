@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -104,3 +105,94 @@ def assert_error(r, status: int, code: str, *words: str) -> None:
     assert body["error"] == code, body
     for w in words:
         assert w in body["detail"], body
+
+
+def tiny_sam3_video_model(seed: int = 0, balance: bool = True, **settings):
+    """SAM 3's dense video model at the tiny test sizes (the tracker's heads at their released
+    widths: d_model 256, 8 heads, 2048 wide), random weights, the bundled BPE vocabulary;
+    ``settings`` override the model's (thresholds lowered for random weights, hot-start off
+    for short videos).
+
+    ``balance``: random weights give every detector query nearly the same mask and tracker
+    masks that cover the whole frame or nothing, which would leave the tests nothing to
+    tell apart. Balanced (:func:`balance_video_model_` on a generated 4-frame video), the
+    detector finds several objects of various sizes and a click gives a mask of part of the
+    frame, so that wrong masks, ids or frames show."""
+    import dataclasses
+    import tempfile
+    import warnings
+
+    from paddle_sam.build.sam3 import build_sam3_video_model
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
+    from tests.helpers.sam3_ref import tiny_sam3_spec
+    from tests.helpers.video import scene, write_frames
+
+    spec = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+    paddle.seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the weights are random": on purpose
+        model = build_sam3_video_model(bpe_path=DEFAULT_BPE_PATH, spec=spec)
+    for name, value in settings.items():
+        if not hasattr(model, name):
+            raise AttributeError(f"the video model has no setting {name!r}")
+        setattr(model, name, value)
+    if balance:
+        with tempfile.TemporaryDirectory() as tmp:
+            balance_video_model_(model, write_frames(scene(4, 60, 80), Path(tmp) / "v"))
+    return model
+
+
+def balance_video_model_(model, video, text: str = "a shape", obj_bias: float = 6.0) -> None:
+    """Weights of a random video model changed in place so that its masks differ and cover
+    part of a frame (as tests/helpers/sam3_video.py balances the reference detector):
+
+    - the detector's mask head: the biases of its last layers remove the means of their
+      inputs over the frames of ``video`` (pixel and query embeddings share a large common
+      component, which makes every query's mask alike);
+    - the tracker's mask decoder: the object-score head says "present" (bias ``obj_bias``),
+      and the hypernetworks' outputs are made orthogonal to the mean upscaled embedding, so
+      that mask logits are centred on 0 over the frame instead of one sign everywhere."""
+    from paddle_sam.predict.sam3.video_predictor import Sam3VideoPredictor
+
+    pred = Sam3VideoPredictor(model)
+    sid = pred.handle_request({"type": "start_session", "resource_path": str(video)})["session_id"]
+    num_frames = len(list(Path(video).iterdir()))
+    seg = model.detector.segmentation_head
+    head, embed = seg.instance_seg_head, seg.mask_predictor.mask_embed.layers[-1]
+    pixels, queries = [], []
+    hooks = [
+        head.register_forward_pre_hook(lambda layer, i: pixels.append(i[0].numpy())),
+        embed.register_forward_post_hook(lambda layer, i, o: queries.append(o.numpy())),
+    ]
+    for t in range(num_frames):
+        pred.handle_request(
+            {"type": "add_prompt", "session_id": sid, "frame_index": t, "text": text}
+        )
+    for hook in hooks:
+        hook.remove()
+    pixel_mean = np.stack([x.mean((0, 2, 3)) for x in pixels]).mean(0)
+    query_mean = np.concatenate([x.reshape(-1, x.shape[-1]) for x in queries]).mean(0)
+    head.bias.set_value(-(head.weight.numpy()[:, :, 0, 0] @ pixel_mean).astype("float32"))
+    embed.bias.set_value((embed.bias.numpy() - query_mean).astype("float32"))
+
+    decoder = model.tracker.sam_mask_decoder
+    bias = decoder.pred_obj_score_head.layers[-1].bias
+    bias.set_value(np.full(bias.shape, obj_bias, "float32"))
+    upscaled = []
+    hook = decoder.output_upscaling[4].register_forward_post_hook(
+        lambda layer, i, o: upscaled.append(o.numpy())
+    )
+    pred.handle_request({"type": "reset_session", "session_id": sid})
+    for t in range(num_frames):
+        point = {"points": [[0.3, 0.5]], "point_labels": [1], "obj_id": 1}
+        pred.handle_request({"type": "add_prompt", "session_id": sid, "frame_index": t, **point})
+    hook.remove()
+    mean = np.concatenate([u.transpose(0, 2, 3, 1).reshape(-1, u.shape[1]) for u in upscaled])
+    mean = mean.mean(0)
+    unit = mean / (mean @ mean)
+    for mlp in decoder.output_hypernetworks_mlps:
+        last = mlp.layers[-1]  # y = x W + b, W: in x out; y . mean = 0 for every x
+        w, b = last.weight.numpy(), last.bias.numpy()
+        last.weight.set_value((w - np.outer(w @ mean, unit)).astype("float32"))
+        last.bias.set_value((b - (b @ mean) * unit).astype("float32"))
+    pred.handle_request({"type": "close_session", "session_id": sid})

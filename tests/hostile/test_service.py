@@ -530,7 +530,9 @@ def test_the_server_still_serves(server, sid):
 
 def _request_for(method: str, path: str, sid: str) -> dict:
     """A request for one route of the schema: path parameters filled, a plausible body."""
-    url = path.format(session_id=sid, job_id="no-such-job", index=0, upload_id="dummy-upload-1")
+    url = path.format(
+        session_id=sid, job_id="no-such-job", index=0, upload_id="dummy-upload-1", obj_id=1
+    )
     kw: dict = {"method": method, "url": url}
     if (method, path) == ("POST", "/sessions"):
         kw["files"] = {"image": ("x.png", png_bytes(make_image(20, 24, seed=5)), "image/png")}
@@ -579,12 +581,19 @@ def test_every_api_route_needs_the_token(server):
 
 
 def test_page_passes_the_token(server):
-    """The page's script sends the token with every request it makes (static check: every
-    fetch goes through ``api()``, the upload's XHR sets the header)."""
-    js = httpx.get(f"{server.url}/static/app.js").text
-    assert js.count("fetch(") == 1 and "return fetch(url, { ...options, headers: auth" in js
-    assert 'xhr.setRequestHeader("Authorization"' in js
-    assert "sessionStorage" in js and "#token=" in js
+    """The pages' scripts send the token with every request they make (static check: the one
+    fetch is ``api()``'s in common.js, which both pages load first; the uploads' XHRs set the
+    header)."""
+    common = httpx.get(f"{server.url}/static/common.js").text
+    assert common.count("fetch(") == 1
+    assert "return fetch(url, { ...options, headers: auth" in common
+    assert "sessionStorage" in common and "#token=" in common
+    for page, script in (("/", "app.js"), ("/video", "video.js")):
+        html = httpx.get(f"{server.url}{page}").text
+        assert html.index("/static/common.js") < html.index(f"/static/{script}")
+        js = httpx.get(f"{server.url}/static/{script}").text
+        assert "fetch(" not in js and "XMLHttpRequest" in js
+        assert 'xhr.setRequestHeader("Authorization"' in js
 
 
 # -- the guard's parsing -------------------------------------------------------------------------

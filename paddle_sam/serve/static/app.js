@@ -1,47 +1,7 @@
 // paddle-sam web page: open an image, click or drag to prompt, see the mask live.
-// Plain browser JavaScript, no build step and no network beyond this server.
+// Plain browser JavaScript, no build step and no network beyond this server; common.js
+// (loaded first) has the token, the API helpers, the status line and the RLE decoder.
 "use strict";
-
-const $ = (id) => document.getElementById(id);
-
-// -- the server's token --
-// `paddle-sam serve --token T` prints this page's address ending in /#token=T. The
-// fragment never reaches the server or its logs; the page keeps the token in sessionStorage
-// (this tab only), takes it out of the address bar, and sends it with every request.
-
-const TOKEN_KEY = "paddle-sam-token";
-
-function readToken() {
-  const m = /(?:^#|&)token=([^&]*)/.exec(window.location.hash);
-  if (m) {
-    const token = decodeURIComponent(m[1]);
-    try {
-      sessionStorage.setItem(TOKEN_KEY, token);
-    } catch (_) {
-      // storage disabled: the token lives as long as the page
-    }
-    history.replaceState(null, "", window.location.pathname + window.location.search);
-    return token;
-  }
-  try {
-    return sessionStorage.getItem(TOKEN_KEY) || "";
-  } catch (_) {
-    return "";
-  }
-}
-
-let TOKEN = readToken();
-
-function authHeaders(headers = {}) {
-  return TOKEN ? { ...headers, Authorization: `Bearer ${TOKEN}` } : headers;
-}
-
-function api(url, options = {}) {
-  return fetch(url, { ...options, headers: authHeaders(options.headers || {}) });
-}
-
-const NEEDS_TOKEN = "This server needs its token: open the address it printed (ending in " +
-  "#token=…).";
 
 const state = {
   health: null,
@@ -60,35 +20,6 @@ const state = {
 const MASK_RGBA = [30, 144, 255, 128];
 const DRAG_PIXELS = 5;   // a press that moves less than this (screen pixels) is a click
 
-// -- status and progress --
-
-function setStatus(text, isError = false) {
-  const el = $("status");
-  el.textContent = text;
-  el.classList.toggle("error", isError);
-}
-
-function setProgress(value) {
-  const bar = $("progress");
-  if (value === null) {
-    bar.hidden = true;
-    return;
-  }
-  bar.hidden = false;
-  if (value === undefined) bar.removeAttribute("value");
-  else bar.value = value;
-}
-
-async function apiError(response) {
-  if (response.status === 401) return NEEDS_TOKEN;
-  try {
-    const body = await response.json();
-    return body.detail || body.error || response.statusText;
-  } catch (_) {
-    return `${response.status} ${response.statusText}`;
-  }
-}
-
 // -- model info --
 
 async function loadHealth() {
@@ -105,6 +36,7 @@ async function loadHealth() {
       `model ${m.type} (${m.runtime}), ${state.health.threads ?? "?"} threads`;
     $("text-form").hidden = !m.takes_text;
     $("everything-button").hidden = !m.everything;
+    $("video-link").hidden = !m.video;  // SAM 3 with its tracker: the video page
     // SAM 3: no points, and an answer is every instance found (no 1-of-3 choice)
     $("negative-label").hidden = m.takes_points === false;
     $("multimask-label").hidden = !!m.returns_instances;
@@ -521,29 +453,6 @@ function showChoices() {
 }
 
 // -- everything mode --
-
-function decodeCocoRle(rle) {
-  // COCO compressed RLE: column-major run lengths, LEB128-like 6-bit chars (pycocotools)
-  const s = rle.counts;
-  const counts = [];
-  let p = 0;
-  while (p < s.length) {
-    let x = 0;
-    let k = 0;
-    let more = 1;
-    while (more) {
-      const c = s.charCodeAt(p) - 48;
-      x |= (c & 0x1f) << (5 * k);
-      more = c & 0x20;
-      p++;
-      k++;
-      if (!more && c & 0x10) x |= -1 << (5 * k);
-    }
-    if (counts.length > 2) x += counts[counts.length - 2];
-    counts.push(x);
-  }
-  return counts;
-}
 
 async function everything() {
   if (!state.session) return;
