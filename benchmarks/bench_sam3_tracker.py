@@ -383,12 +383,15 @@ def collect(args, inputs: dict[str, str]) -> dict[str, list[dict]]:
     return runs
 
 
-def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+def summarise(
+    runs: dict[str, list[dict]], metrics: Sequence[Any] = METRICS
+) -> dict[str, dict[str, float]]:
+    """The median over rounds of each metric, per framework."""
     return {
         m.key: {
             impl: statistics.median(r[m.key] for r in rs) * m.scale for impl, rs in runs.items()
         }
-        for m in METRICS
+        for m in metrics
     }
 
 
@@ -401,9 +404,11 @@ def ratio(values: dict[str, float]) -> float | None:
 HEADER = ["metric", "paddle_sam", "torch (official sam3)", "paddle/torch"]
 
 
-def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
+def table_rows(
+    summary: dict[str, dict[str, float]], metrics: Sequence[Any] = METRICS
+) -> list[list[str]]:
     rows = []
-    for m in METRICS:
+    for m in metrics:
         vals, r = summary[m.key], ratio(summary[m.key])
         rows.append(
             [m.label]
@@ -414,7 +419,11 @@ def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
 
 
 def machine_info(
-    args, runs: dict[str, list[dict]], started: dt.datetime, load_at_start: Sequence[float]
+    args,
+    runs: dict[str, list[dict]],
+    started: dt.datetime,
+    load_at_start: Sequence[float],
+    settings: str | None = None,
 ) -> list[tuple[str, str]]:
     threads = ", ".join(f"{impl} {rs[0].get('threads')}" for impl, rs in runs.items()) + (
         " (--threads)" if args.threads else " (each framework's default)"
@@ -435,7 +444,8 @@ def machine_info(
         ("threads", threads),
         (
             "settings",
-            f"SAM 3 tracker + vision backbone, full size, random weights; video "
+            settings
+            or f"SAM 3 tracker + vision backbone, full size, random weights; video "
             f"{HW[1]}x{HW[0]}, {args.frames} frames (JPEG), {args.objects} objects clicked on "
             f"frame 0, per-frame means over frames 2..{args.frames - 1}, rounds {args.rounds} "
             "(median of rounds)",
@@ -473,12 +483,21 @@ def notes(runs: dict[str, list[dict]]) -> list[str]:
     return out
 
 
-def write_outputs(csv_path: Path, summary, info, rows, lines) -> Path:
+def write_outputs(
+    csv_path: Path,
+    summary,
+    info,
+    rows,
+    lines,
+    metrics: Sequence[Any] = METRICS,
+    title: str = "SAM 3 tracker CPU benchmark",
+) -> Path:
+    """The CSV (one row per metric, the ratio last) and a Markdown report next to it."""
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["metric", "label", *IMPLS, "ratio_paddle_over_torch"])
-        for m in METRICS:
+        for m in metrics:
             vals = summary[m.key]
             w.writerow(
                 [m.key, m.label.strip()]
@@ -486,7 +505,7 @@ def write_outputs(csv_path: Path, summary, info, rows, lines) -> Path:
                 + [v1._csv_num(ratio(vals))]
             )
     md_path = csv_path.with_suffix(".md")
-    md = [f"# SAM 3 tracker CPU benchmark: {csv_path.stem}", ""]
+    md = [f"# {title}: {csv_path.stem}", ""]
     md += [f"- **{k}**: {v}" for k, v in info]
     md += ["", v1.format_table(rows, True, header=HEADER), ""]
     md += ["Ratio < 1: paddle_sam is faster / smaller.", "", *[f"- {n}" for n in lines]]

@@ -18,7 +18,6 @@ const state = {
 };
 
 const MASK_RGBA = [30, 144, 255, 128];
-const DRAG_PIXELS = 5;   // a press that moves less than this (screen pixels) is a click
 
 // -- model info --
 
@@ -516,54 +515,34 @@ async function everything() {
 // -- events --
 
 function bindCanvas() {
-  const c = $("prompt-canvas");
-  let press = null;
-  c.addEventListener("contextmenu", (e) => e.preventDefault());
-  c.addEventListener("mousedown", (e) => {
-    if (!state.session) return;
-    press = { sx: e.clientX, sy: e.clientY, start: toImage(e), button: e.button, drag: false };
-  });
-  window.addEventListener("mousemove", (e) => {
-    if (!press) return;
-    if (Math.hypot(e.clientX - press.sx, e.clientY - press.sy) > DRAG_PIXELS) press.drag = true;
-    if (press.drag && press.button === 0) {
-      const p = toImage(e);
-      drawPrompts([
-        Math.min(press.start.x, p.x), Math.min(press.start.y, p.y),
-        Math.max(press.start.x, p.x), Math.max(press.start.y, p.y),
-      ]);
-    }
-  });
-  window.addEventListener("mouseup", (e) => {
-    if (!press) return;
-    const p = toImage(e);
-    const { start, button, drag } = press;
-    press = null;
-    snapshot();
-    if (drag && button === 0) {
-      state.box = [
-        Math.min(start.x, p.x), Math.min(start.y, p.y),
-        Math.max(start.x, p.x), Math.max(start.y, p.y),
-      ];
-    } else if (!drag && state.health && state.health.model.takes_points === false) {
-      state.history.pop();
-      setStatus("This model takes no points (its checkpoint has no tracker weights for SAM 3's " +
-        "point predictor): type what to find, or drag a box around one example.", true);
-      return;
-    } else if (!drag) {
-      const negative = button === 2 || $("negative-toggle").checked;
-      // a click segments one object (SAM 3: predict_inst); it replaces a text query
-      state.text = "";
-      $("text-input").value = "";
-      state.points.push({ x: start.x, y: start.y, label: negative ? 0 : 1 });
-    } else {
-      state.history.pop();
+  bindPointer($("prompt-canvas"), {
+    active: () => Boolean(state.session),
+    toCoords: toImage,
+    onDrag: (box) => drawPrompts(box),
+    onRelease: ({ start, button, drag, box }) => {
+      snapshot();
+      if (drag && button === 0) {
+        state.box = box;
+      } else if (!drag && state.health && state.health.model.takes_points === false) {
+        state.history.pop();
+        setStatus("This model takes no points (its checkpoint has no tracker weights for " +
+          "SAM 3's point predictor): type what to find, or drag a box around one example.", true);
+        return;
+      } else if (!drag) {
+        const negative = button === 2 || $("negative-toggle").checked;
+        // a click segments one object (SAM 3: predict_inst); it replaces a text query
+        state.text = "";
+        $("text-input").value = "";
+        state.points.push({ x: start.x, y: start.y, label: negative ? 0 : 1 });
+      } else {
+        state.history.pop();
+        drawPrompts();
+        return;
+      }
       drawPrompts();
-      return;
-    }
-    drawPrompts();
-    updateButtons();
-    sendPrompt();
+      updateButtons();
+      sendPrompt();
+    },
   });
 }
 

@@ -97,3 +97,35 @@ function decodeCocoRle(rle) {
   }
   return counts;
 }
+
+// -- pointer on a canvas --
+// A press that moves less than DRAG_PIXELS (screen pixels) is a click, else a drag. While the
+// left button drags, onDrag(box); when a press ends, onRelease({ start, button, drag, box }).
+// Coordinates are those of toCoords(event) (the image's or the video's pixels); boxes are
+// [x0, y0, x1, y1].
+
+const DRAG_PIXELS = 5;
+
+function boxBetween(a, b) {
+  return [Math.min(a.x, b.x), Math.min(a.y, b.y), Math.max(a.x, b.x), Math.max(a.y, b.y)];
+}
+
+function bindPointer(canvas, { active, toCoords, onDrag, onRelease }) {
+  let press = null;
+  canvas.addEventListener("contextmenu", (e) => e.preventDefault());
+  canvas.addEventListener("mousedown", (e) => {
+    if (!active()) return;
+    press = { sx: e.clientX, sy: e.clientY, start: toCoords(e), button: e.button, drag: false };
+  });
+  window.addEventListener("mousemove", (e) => {
+    if (!press) return;
+    if (Math.hypot(e.clientX - press.sx, e.clientY - press.sy) > DRAG_PIXELS) press.drag = true;
+    if (press.drag && press.button === 0) onDrag(boxBetween(press.start, toCoords(e)));
+  });
+  window.addEventListener("mouseup", (e) => {
+    if (!press) return;
+    const { start, button, drag } = press;
+    press = null;
+    onRelease({ start, button, drag, box: boxBetween(start, toCoords(e)) });
+  });
+}

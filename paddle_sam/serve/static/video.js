@@ -18,7 +18,6 @@ const video = {
   frames: new Map(),   // a few decoded frames (index -> ImageBitmap), least recent first
 };
 
-const DRAG = 5;        // a press that moves less than this (screen pixels) is a click
 const OVERLAY_ALPHA = 150;
 const FRAMES_KEPT = 24;
 
@@ -556,40 +555,20 @@ async function download(kind) {
 // -- events --
 
 function bindCanvas() {
-  const c = $("prompt-canvas");
-  let press = null;
-  c.addEventListener("contextmenu", (e) => e.preventDefault());
-  c.addEventListener("mousedown", (e) => {
-    if (!video.session) return;
-    press = { sx: e.clientX, sy: e.clientY, start: toVideo(e), button: e.button, drag: false };
-  });
-  window.addEventListener("mousemove", (e) => {
-    if (!press) return;
-    if (Math.hypot(e.clientX - press.sx, e.clientY - press.sy) > DRAG) press.drag = true;
-    if (press.drag && press.button === 0) {
-      const p = toVideo(e);
-      drawPrompts([
-        Math.min(press.start.x, p.x), Math.min(press.start.y, p.y),
-        Math.max(press.start.x, p.x), Math.max(press.start.y, p.y),
-      ]);
-    }
-  });
-  window.addEventListener("mouseup", (e) => {
-    if (!press) return;
-    const p = toVideo(e);
-    const { start, button, drag } = press;
-    press = null;
-    if (drag && button === 0) {
-      // an example box (with the text, if any): every instance that looks like it
-      findText([
-        Math.min(start.x, p.x), Math.min(start.y, p.y),
-        Math.max(start.x, p.x), Math.max(start.y, p.y),
-      ]);
-    } else if (!drag) {
-      click(start.x, start.y, button === 2 || $("negative-toggle").checked);
-    } else {
-      drawPrompts();
-    }
+  bindPointer($("prompt-canvas"), {
+    active: () => Boolean(video.session),
+    toCoords: toVideo,
+    onDrag: (box) => drawPrompts(box),
+    onRelease: ({ start, button, drag, box }) => {
+      if (drag && button === 0) {
+        // an example box (with the text, if any): every instance that looks like it
+        findText(box);
+      } else if (!drag) {
+        click(start.x, start.y, button === 2 || $("negative-toggle").checked);
+      } else {
+        drawPrompts();
+      }
+    },
   });
 }
 
