@@ -51,7 +51,25 @@ def is_image_type(resource_path: Any) -> bool:
     return str(resource_path).lower().endswith(IMAGE_EXTS)
 
 
+class _PackedMask:
+    """A bool mask kept 8 pixels to a byte (the cached outputs of every frame and object:
+    at video resolution they would otherwise be the state's largest part)."""
+
+    __slots__ = ("bits", "shape")
+
+    def __init__(self, mask: Any) -> None:
+        mask = _to_numpy_bool(mask)
+        self.shape = mask.shape
+        self.bits = np.packbits(mask.reshape(-1))
+
+    def unpack(self) -> np.ndarray:
+        count = int(np.prod(self.shape))
+        return np.unpackbits(self.bits, count=count).astype(bool).reshape(self.shape)
+
+
 def _to_numpy_bool(mask: Any) -> np.ndarray:
+    if isinstance(mask, _PackedMask):
+        return mask.unpack()
     return mask.numpy() if isinstance(mask, paddle.Tensor) else np.asarray(mask)
 
 
@@ -501,12 +519,15 @@ class Sam3VideoInference(Sam3VideoBase):
         unconfirmed_obj_ids: Any = None,
     ) -> None:
         """Keep the frame's masks for later fetches and refinements, hidden objects left out
-        (upstream ``_cache_frame_outputs``)."""
-        filtered = dict(obj_id_to_mask)
+        (upstream ``_cache_frame_outputs``), packed 8 pixels to a byte."""
+        hidden = set()
         for ids in (suppressed_obj_ids, removed_obj_ids, unconfirmed_obj_ids):
-            for obj_id in ids or ():
-                filtered.pop(obj_id, None)
-        inference_state["cached_frame_outputs"][frame_idx] = filtered
+            hidden.update(ids or ())
+        inference_state["cached_frame_outputs"][frame_idx] = {
+            obj_id: mask if isinstance(mask, _PackedMask) else _PackedMask(mask)
+            for obj_id, mask in obj_id_to_mask.items()
+            if obj_id not in hidden
+        }
 
     def _build_tracker_output(
         self,
