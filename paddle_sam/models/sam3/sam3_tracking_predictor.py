@@ -153,19 +153,26 @@ class Sam3TrackerPredictor(Sam3TrackerBase):
         if "tracker_backbone_out" in backbone_out:
             backbone_out = backbone_out["tracker_backbone_out"]
         # Flattened (HW x B x C) at batch 1, then repeated for the objects: Paddle's expand
-        # copies, so flatten first. The position encodings are the same on every frame (sine
-        # encodings of the sizes): their flattened copy is kept and reused while the frame's
-        # encodings equal the ones it was made from; upstream's views cost nothing.
+        # copies, so flatten first. Only the lowest-resolution level's position encoding is
+        # used (by the memory attention; the high-resolution features go to the mask decoder
+        # without one): the others are None, not flattened and copied per object (85 MB per
+        # object at 288 x 288 x 256). The encodings are the same on every frame (sine
+        # encodings of the sizes): the flattened copy is kept and reused while the frame's
+        # encoding equals the one it was made from; upstream's views cost nothing.
         levels = slice(-self.num_feature_levels, None)
         feats = [_flat(x, batch_size) for x in backbone_out["backbone_fpn"][levels]]
         pos_src = list(backbone_out["vision_pos_enc"][levels])
         sizes = [tuple(x.shape[-2:]) for x in pos_src]
         cached = inference_state["constants"].get(("flat_vision_pos_enc", batch_size))
-        if cached is not None and _same_tensors(cached[0], pos_src):
-            pos = cached[1]
+        if cached is not None and _same_tensors(cached[0], pos_src[-1:]):
+            last = cached[1]
         else:
-            pos = [_flat(x, batch_size) for x in pos_src]
-            inference_state["constants"][("flat_vision_pos_enc", batch_size)] = (pos_src, pos)
+            last = _flat(pos_src[-1], batch_size)
+            inference_state["constants"][("flat_vision_pos_enc", batch_size)] = (
+                pos_src[-1:],
+                last,
+            )
+        pos = [None] * (len(pos_src) - 1) + [last]
         return None, dict(backbone_out), feats, pos, sizes
 
     # ------------------------------------------------------------------ state
