@@ -3,7 +3,7 @@ paddle_sam's ``Sam3VideoPredictor`` against the official sam3 predictor, same fu
 weights, on a generated 640 x 480 video, through the request API on both sides.
 
     python benchmarks/bench_sam3_video.py [--frames 6] [--threads N] [--rounds 1]
-        [--csv benchmarks/results/sam3_video_<timestamp>.csv]
+        [--csv benchmarks/results/sam3_video_<timestamp>.csv] [--workdir DIR]
 
 A ``prepare`` worker writes the video (JPEG frames of tests/models/test_full_size_sam3_video.py's
 scene: shapes entering and leaving) and the weights (drawn as that test draws them, in the
@@ -14,6 +14,8 @@ about 0.2-0.3 everywhere, so the detection and new-track thresholds are set betw
 no temporal heuristics: hot-start would remove the overlapping tracks as duplicates). Each
 framework then runs in its own fresh process (``--worker paddle|torch``) with the same
 settings; with ``--rounds`` > 1 they are interleaved and the median per figure is reported.
+Preparing takes about 15 minutes on 2 cores: with ``--workdir DIR`` the inputs are written to
+DIR (about 7 GB) and kept, and a later run with the same DIR and ``--frames`` reuses them.
 
 In each worker (torch under the CPU patches of tests/helpers/sam3_video.py):
 
@@ -327,12 +329,34 @@ def notes(runs: dict[str, list[dict]], threshold: float) -> list[str]:
     return out
 
 
+def prepared_inputs(args, folder: str) -> dict[str, Any]:
+    """The prepare worker's inputs in ``folder``: those recorded there for the same number
+    of frames, or newly written (and recorded)."""
+    record = Path(folder) / "inputs.json"
+    if record.is_file():
+        inputs = json.loads(record.read_text())
+        if inputs.get("frames") == args.frames and all(
+            Path(inputs[k]).exists() for k in ("video", *IMPLS)
+        ):
+            print(f"reusing the inputs prepared in {folder}", file=sys.stderr, flush=True)
+            return inputs
+    print(f"writing the video and full-size weights to {folder}", file=sys.stderr, flush=True)
+    prepare_argv = ["--worker", "prepare", "--checkpoint", folder, "--frames", str(args.frames)]
+    inputs = v1.run_child(prepare_argv, "video + weights + threshold", script=__file__)
+    inputs["frames"] = args.frames
+    record.write_text(json.dumps(inputs, indent=1))
+    return inputs
+
+
 def parent_main(args) -> None:
     started, load_at_start = dt.datetime.now().astimezone(), os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench_sam3_video_") as tmp:
-        print(f"writing the video and full-size weights to {tmp}", file=sys.stderr, flush=True)
-        prepare_argv = ["--worker", "prepare", "--checkpoint", tmp, "--frames", str(args.frames)]
-        inputs = v1.run_child(prepare_argv, "video + weights + threshold", script=__file__)
+    with contextlib.ExitStack() as stack:
+        folder = args.workdir
+        if folder is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_sam3_video_"))
+        else:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        inputs = prepared_inputs(args, folder)
         runs = collect(args, inputs)
     summary = trk.summarise(runs, METRICS)
     settings = (
@@ -364,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for each")
     p.add_argument("--rounds", type=v1.positive, default=1, help="interleaved runs per framework")
     p.add_argument("--csv", default=None, help="CSV path (a .md is written next to it)")
+    p.add_argument(
+        "--workdir", default=None, help="keep the prepared video and weights here, and reuse them"
+    )
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--video", help=argparse.SUPPRESS)

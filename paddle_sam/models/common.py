@@ -11,6 +11,12 @@ import paddle.nn.functional as F
 from paddle import nn
 
 
+def can_be_inplace(x: paddle.Tensor) -> bool:
+    """Dygraph inference: nothing will differentiate through ``x``, so an op may overwrite it
+    (static graphs plan their own memory reuse)."""
+    return paddle.in_dynamic_mode() and not (paddle.is_grad_enabled() and not x.stop_gradient)
+
+
 def resize_bilinear(x: paddle.Tensor, size: tuple[int, int] | list[int]) -> paddle.Tensor:
     """``F.interpolate(x, size, mode="bilinear", align_corners=False)`` of ``B x C x h x w``.
 

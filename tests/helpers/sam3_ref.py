@@ -393,3 +393,25 @@ def attention_path(monkeypatch: Any, fused: bool) -> list[int]:
     else:
         monkeypatch.setattr(model_misc, "fused_attention_available", lambda: False)
     return calls
+
+
+def threaded_attention(monkeypatch: Any, threads: int = 3) -> list[str]:
+    """Make the row-blocked attention share its rows between ``threads`` worker threads at
+    the tiny test sizes (as large attentions do in dygraph inference on several CPU threads);
+    returns a list of the thread names that ran blocks of rows."""
+    import threading
+
+    import paddle_sam._runtime as runtime
+    from paddle_sam.models.sam3 import model_misc
+
+    names: list[str] = []
+    real = model_misc._attend_blocks
+
+    def counted(*args):
+        names.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(model_misc, "PARALLEL_ATTENTION_MIN_SCORES", 0)
+    monkeypatch.setattr(runtime, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(model_misc, "_attend_blocks", counted)
+    return names

@@ -6,6 +6,7 @@ dot-product scoring and segmentation head, each fed the same inputs as its refer
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -19,6 +20,7 @@ from tests.helpers.sam3_ref import (
     cpu_patches,
     import_sam3,
     perturb_module_,
+    threaded_attention,
 )
 
 torch, _ = import_sam3()
@@ -75,12 +77,15 @@ def randn(*shape, seed: int = 0):
     return torch.randn(*shape, generator=g)
 
 
-@pytest.mark.parametrize("block", [None, 2 * HEADS * 7])
+@pytest.mark.parametrize("block", [None, 2 * HEADS * 7, "threads"])
 def test_multihead_attention_masks(block, monkeypatch):
     """torch semantics for every mask kind; ``block`` forces the row-blocked path (2 query rows
-    at a time) that large inputs take."""
+    at a time) that large inputs take, or ("threads") those blocks shared between 3 threads
+    as in dygraph inference on several CPU threads (where no gradient is wanted)."""
+    threads = threaded_attention(monkeypatch) if block == "threads" else None
     if block is not None:
-        monkeypatch.setattr(M, "_ATTN_BLOCK", block)
+        monkeypatch.setattr(M, "_ATTN_BLOCK", 2 * HEADS * 7)
+    grad = paddle.no_grad() if threads is not None else contextlib.nullcontext()
     for batch_first in (False, True):
         ref = perturb_module_(torch.nn.MultiheadAttention(D, HEADS, batch_first=batch_first))
         ref.eval()
@@ -101,8 +106,12 @@ def test_multihead_attention_masks(block, monkeypatch):
         for kw in masks:
             with torch.no_grad():
                 r = ref(q, k, v, need_weights=False, **kw)[0]
-            o = ours(t2p(q), t2p(k), t2p(v), **{n: t2p(m) for n, m in kw.items()})[0]
+            with grad:
+                o = ours(t2p(q), t2p(k), t2p(v), **{n: t2p(m) for n, m in kw.items()})[0]
             assert_close(r, o, max_abs=1e-5, name=f"mha batch_first={batch_first} {list(kw)}")
+    if threads is not None:  # 3 workers for every call (B x heads x 5 rows x 7 keys each)
+        assert len(threads) == 3 * 2 * len(masks)
+        assert all(name.startswith("paddle-sam-attention") for name in threads)
 
 
 def test_dot_product_scoring_and_mlp():

@@ -20,6 +20,7 @@ from tests.helpers.sam3_ref import (
     fan_in_init_,
     import_sam3,
     perturb_module_,
+    threaded_attention,
 )
 from tests.models.test_sam3_heads import load_from_torch, randn, t2p
 
@@ -151,9 +152,13 @@ def test_rope_self_attention(fused, monkeypatch):
     assert_close(r, o, max_abs=_scaled_max_abs(r), name=f"rope self-attention fused={fused}")
 
 
-def test_row_blocked_attention(monkeypatch):
-    """The query-row blocks large inputs take (forced to 3 rows here)."""
+@pytest.mark.parametrize("threads", [False, True], ids=["one-thread", "threads"])
+def test_row_blocked_attention(threads, monkeypatch):
+    """The query-row blocks large inputs take (forced to 3 rows here), on the calling thread
+    or shared between 3 threads as in dygraph inference on several CPU threads."""
     from paddle_sam.models.sam3 import model_misc
+
+    names = threaded_attention(monkeypatch) if threads else []
 
     kw = dict(embedding_dim=32, num_heads=2, kv_in_dim=16, feat_sizes=[4, 4], rope_k_repeat=True)
     ref, ours = _rope_pair(**kw)
@@ -161,8 +166,10 @@ def test_row_blocked_attention(monkeypatch):
     monkeypatch.setattr(model_misc, "_ATTN_BLOCK", 3 * 2 * k.shape[1])
     with torch.no_grad():
         r = ref(q, k, k, num_k_exclude_rope=2)
-    o = ours(t2p(q), t2p(k), t2p(k), num_k_exclude_rope=2)
+    with paddle.no_grad():
+        o = ours(t2p(q), t2p(k), t2p(k), num_k_exclude_rope=2)
     assert_close(r, o, max_abs=_scaled_max_abs(r), name="row-blocked")
+    assert len(names) == (3 if threads else 0)
 
 
 def _small_encoder(mod_attn, mod_layer, d=32, kv=16, heads=2, side=4, **enc_kw):

@@ -20,12 +20,11 @@ from typing import Any
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
 
 from ..common import Linear
-from . import model_misc
 from .model_misc import (
+    attend_in_row_blocks,
     fused_self_attention,
     get_activation_fn,
     get_clones,
@@ -79,7 +78,7 @@ class Attention(nn.Layer):
 
     def _attend(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
         """``softmax(q k^T / sqrt(d)) v`` of ``B x h x N x d`` tensors -> ``B x N x h*d``
-        (then ``out_proj``). Query rows in blocks of at most ``model_misc._ATTN_BLOCK`` scores:
+        (then ``out_proj``), in query-row blocks (:func:`.model_misc.attend_in_row_blocks`):
         the memory cross-attention's 5184 x ~36k matrix is never materialised at once."""
         b, h, n_q, d = q.shape
         n_k = k.shape[2]
@@ -89,19 +88,7 @@ class Attention(nn.Layer):
             qkv = paddle.stack([t.transpose([0, 2, 1, 3]) for t in (q, k, v)], axis=2)
             out = fused_self_attention(qkv, scale).reshape([b, n_q, h * d])
             return self.out_proj(out)
-        q = q * scale
-        one_block, step = True, 0
-        if is_static_size(n_q) and is_static_size(n_k):
-            step = max(1, model_misc._ATTN_BLOCK // max(1, b * h * n_k))
-            one_block = step >= n_q
-        outs = []
-        for i in [0] if one_block else range(0, n_q, step):
-            attn = paddle.matmul(q if one_block else q[:, :, i : i + step], k, transpose_y=True)
-            attn = F.softmax(attn, axis=-1)
-            if dropout:
-                attn = F.dropout(attn, self.dropout_p)
-            outs.append(paddle.matmul(attn, v))
-        out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)
+        out = attend_in_row_blocks(q * scale, k, v, dropout_p=self.dropout_p if dropout else 0.0)
         return self.out_proj(self._recombine_heads(out))
 
     def forward(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:

@@ -7,16 +7,19 @@ projections; the converter splits torch's fused ``in_proj_weight`` into them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import functools
 import math
+import threading
 from collections.abc import Callable
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from ..common import Linear
+from ..common import Linear, can_be_inplace
 
 
 def inverse_sigmoid(x: paddle.Tensor, eps: float = 1e-3) -> paddle.Tensor:
@@ -33,6 +36,14 @@ def is_static_size(n: object) -> bool:
 
 
 _ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
+
+# Paddle's CPU softmax (like its other elementwise kernels) runs on one thread; only its GEMMs
+# use several. Where the fused kernel below does not apply (CPUs without AVX-512) the softmax
+# is about half of an attention's time. Paddle's dygraph ops release the GIL, so large
+# attentions split their query rows between Python threads, one CPU thread each (measured
+# here, AMD EPYC without AVX-512, 2 threads: 8 heads x 5184 x 5184 of 32, 0.60 s -> 0.49 s).
+# Below this many scores the hand-off costs more than it gains.
+PARALLEL_ATTENTION_MIN_SCORES = 1 << 22
 
 
 # Paddle's fused CPU attention kernel (``self_dp_attention``: flash-style 512 x 512 tiles with an
@@ -123,6 +134,106 @@ def _as_additive(mask: paddle.Tensor, dtype: paddle.dtype) -> paddle.Tensor:
     return mask.astype(dtype)
 
 
+_row_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_row_pool_threads = 0
+_row_pool_lock = threading.Lock()
+
+
+def _one_thread_per_worker() -> None:
+    from ..._runtime import set_local_threads
+
+    set_local_threads(1)
+
+
+def _row_workers(rows: int, scores: int, x: paddle.Tensor) -> int:
+    """How many threads an attention of ``scores`` scores in ``rows`` query rows runs on (1:
+    the calling thread, as it is): dygraph inference on the CPU with several threads."""
+    if scores < PARALLEL_ATTENTION_MIN_SCORES or rows < 2 or not paddle.in_dynamic_mode():
+        return 1
+    if not x.place.is_cpu_place() or (paddle.is_grad_enabled() and not x.stop_gradient):
+        return 1
+    from ..._runtime import get_num_threads
+
+    return max(1, min(rows, get_num_threads() or 1))
+
+
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    global _row_pool, _row_pool_threads
+    with _row_pool_lock:
+        if _row_pool is None or _row_pool_threads != workers:
+            if _row_pool is not None:
+                _row_pool.shutdown(wait=False)
+            _row_pool = concurrent.futures.ThreadPoolExecutor(
+                workers,
+                thread_name_prefix="paddle-sam-attention",
+                initializer=_one_thread_per_worker,
+            )
+            _row_pool_threads = workers
+        return _row_pool
+
+
+def attend_in_row_blocks(
+    q: paddle.Tensor,
+    k: paddle.Tensor,
+    v: paddle.Tensor,
+    mask: paddle.Tensor | None = None,
+    block: int | None = None,
+    dropout_p: float = 0.0,
+) -> paddle.Tensor:
+    """``softmax(q k^T + mask) v`` over the last two axes (``... x L x d`` queries, ``... x S x d``
+    keys and values; ``q`` already scaled; ``mask`` additive, broadcastable to ``... x L x S``).
+
+    Rows of the attention matrix are independent: they are computed in blocks of at most
+    ``block`` scores, so the whole matrix (860 MB for SAM 3's 72 x 72 fusion encoder) is never
+    materialised and the blocks stay in a warm working set (``block`` None: ``_ATTN_BLOCK``,
+    32 MB); in dygraph inference on the CPU the
+    rows are shared between threads (see ``PARALLEL_ATTENTION_MIN_SCORES``). A static graph
+    with a dynamic length runs one block: those matrices are small. ``dropout_p`` > 0 applies
+    dropout to the attention weights (training)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if not (is_static_size(n_q) and is_static_size(n_k)):
+        return _attend_rows(q, k, v, mask, dropout_p, 0, None)
+    lead = int(np.prod(q.shape[:-2]))
+    step = max(1, (block or _ATTN_BLOCK) // max(1, lead * n_k))
+    workers = _row_workers(n_q, lead * n_q * n_k, q)
+    if workers == 1:
+        return _attend_blocks(q, k, v, mask, dropout_p, 0, n_q, step)
+    bounds = np.linspace(0, n_q, workers + 1).round().astype(int)
+    futures = [
+        _pool(workers).submit(_attend_blocks, q, k, v, mask, dropout_p, int(a), int(b), step)
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    return paddle.concat([f.result() for f in futures], axis=-2)
+
+
+def _attend_blocks(q, k, v, mask, dropout_p, begin, end, step) -> paddle.Tensor:
+    outs = [
+        _attend_rows(q, k, v, mask, dropout_p, i, min(i + step, end))
+        for i in range(begin, end, step)
+    ]
+    return outs[0] if len(outs) == 1 else paddle.concat(outs, axis=-2)
+
+
+def _attend_rows(q, k, v, mask, dropout_p, begin, end) -> paddle.Tensor:
+    """Rows ``begin:end`` of the attention (``end`` None: all)."""
+    whole = end is None or (begin == 0 and end == q.shape[-2])
+    attn = paddle.matmul(q if whole else q[..., begin:end, :], k, transpose_y=True)
+    if mask is not None:
+        rows = mask if whole or mask.shape[-2] == 1 else mask[..., begin:end, :]
+        if list(rows.shape) != list(attn.shape):
+            # Paddle's CPU add is slow when the smaller operand broadcasts along the middle
+            # axes (heads, queries): 41 ms against 6 ms with the expand for 8 x 200 x 5184
+            rows = rows.expand(attn.shape)
+        attn = attn + rows
+    if dropout_p > 0:
+        attn = F.dropout(F.softmax(attn, axis=-1), dropout_p)
+    elif can_be_inplace(attn):  # saves a pass over the largest tensor
+        attn = F.softmax_(attn, axis=-1)
+    else:
+        attn = F.softmax(attn, axis=-1)
+    return paddle.matmul(attn, v)
+
+
 class MultiheadAttention(nn.Layer):
     """Multi-head attention with ``torch.nn.MultiheadAttention`` semantics.
 
@@ -192,31 +303,7 @@ class MultiheadAttention(nn.Layer):
             pad = _as_additive(key_padding_mask, q.dtype).reshape([b, 1, 1, n_k])
             mask = pad if mask is None else mask + pad
         q = q * (1.0 / math.sqrt(d))
-        # Rows of the attention matrix are independent: compute them in blocks of at most
-        # _ATTN_BLOCK scores, so B x h x Lq x Lk (860 MB for SAM 3's 72x72 encoder) is never
-        # materialised at once. A static graph with a dynamic length (prompt tokens) runs
-        # one block: those matrices are small.
-        one_block, step = True, 0
-        if is_static_size(n_q) and is_static_size(n_k):
-            step = max(1, _ATTN_BLOCK // max(1, b * h * n_k))
-            one_block = step >= n_q
-        outs = []
-        for i in [0] if one_block else range(0, n_q, step):
-            attn = paddle.matmul(q if one_block else q[:, :, i : i + step], k, transpose_y=True)
-            if mask is not None:
-                whole = one_block or mask.shape[2] == 1
-                block_mask = mask if whole else mask[:, :, i : i + step]
-                if block_mask.shape[1:3] != attn.shape[1:3]:
-                    # Paddle's CPU add is slow when the smaller operand broadcasts along
-                    # the middle axes (heads, queries): 41 ms against 6 ms with the expand
-                    # for a 8 x 200 x 5184 block
-                    block_mask = block_mask.expand(attn.shape)
-                attn = attn + block_mask
-            attn = F.softmax(attn, axis=-1)
-            if dropout:
-                attn = F.dropout(attn, self.dropout)
-            outs.append(paddle.matmul(attn, v))
-        out = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=2)
+        out = attend_in_row_blocks(q, k, v, mask, dropout_p=self.dropout if dropout else 0.0)
         out = out.transpose([0, 2, 1, 3]).reshape([b, n_q, h * d])
         out = self.out_proj(out)
         if not self.batch_first:

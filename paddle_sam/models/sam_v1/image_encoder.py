@@ -11,7 +11,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from ..common import LayerNorm2d, Linear, MLPBlock
+from ..common import LayerNorm2d, Linear, MLPBlock, can_be_inplace
 
 
 class ImageEncoderViT(nn.Layer):
@@ -165,15 +165,9 @@ class Attention(nn.Layer):
         else:
             attn = paddle.matmul(q * self.scale, k, transpose_y=True)
         # in place when no gradient is needed: saves a pass over the largest tensor
-        attn = F.softmax_(attn, axis=-1) if _can_be_inplace(attn) else F.softmax(attn, axis=-1)
+        attn = F.softmax_(attn, axis=-1) if can_be_inplace(attn) else F.softmax(attn, axis=-1)
         x = paddle.matmul(attn, v).reshape([-1, nh, H * W, hd]).transpose([0, 2, 1, 3])
         return self.proj(x.reshape([-1, H, W, C]))
-
-
-def _can_be_inplace(x: paddle.Tensor) -> bool:
-    """Dygraph inference: nothing will differentiate through ``x`` (static graphs plan
-    their own memory reuse)."""
-    return paddle.in_dynamic_mode() and not (paddle.is_grad_enabled() and not x.stop_gradient)
 
 
 def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor, tuple[int, int]]:
