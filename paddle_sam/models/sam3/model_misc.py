@@ -42,7 +42,9 @@ _ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
 # is about half of an attention's time. Paddle's dygraph ops release the GIL, so large
 # attentions split their query rows between Python threads, one CPU thread each (measured
 # here, AMD EPYC without AVX-512, 2 threads: 8 heads x 5184 x 5184 of 32, 0.60 s -> 0.49 s).
-# Below this many scores the hand-off costs more than it gains.
+# Below this many scores the hand-off costs more than it gains. The ViT does not take this
+# path: its 256 MB blocks from two threads fragmented glibc's heap (peak RSS of a forward
+# +1.0 GB) for no gain in its time.
 PARALLEL_ATTENTION_MIN_SCORES = 1 << 22
 
 
@@ -179,6 +181,7 @@ def attend_in_row_blocks(
     mask: paddle.Tensor | None = None,
     block: int | None = None,
     dropout_p: float = 0.0,
+    threads: bool = True,
 ) -> paddle.Tensor:
     """``softmax(q k^T + mask) v`` over the last two axes (``... x L x d`` queries, ``... x S x d``
     keys and values; ``q`` already scaled; ``mask`` additive, broadcastable to ``... x L x S``).
@@ -186,16 +189,17 @@ def attend_in_row_blocks(
     Rows of the attention matrix are independent: they are computed in blocks of at most
     ``block`` scores, so the whole matrix (860 MB for SAM 3's 72 x 72 fusion encoder) is never
     materialised and the blocks stay in a warm working set (``block`` None: ``_ATTN_BLOCK``,
-    32 MB); in dygraph inference on the CPU the
-    rows are shared between threads (see ``PARALLEL_ATTENTION_MIN_SCORES``). A static graph
-    with a dynamic length runs one block: those matrices are small. ``dropout_p`` > 0 applies
-    dropout to the attention weights (training)."""
+    32 MB). With ``threads``, in dygraph inference on the CPU the rows are shared between
+    threads, each with a share of ``block`` (see ``PARALLEL_ATTENTION_MIN_SCORES``). A static
+    graph with a dynamic length runs one block: those matrices are small. ``dropout_p`` > 0
+    applies dropout to the attention weights (training)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     if not (is_static_size(n_q) and is_static_size(n_k)):
         return _attend_rows(q, k, v, mask, dropout_p, 0, None)
     lead = int(np.prod(q.shape[:-2]))
-    step = max(1, (block or _ATTN_BLOCK) // max(1, lead * n_k))
-    workers = _row_workers(n_q, lead * n_q * n_k, q)
+    workers = _row_workers(n_q, lead * n_q * n_k, q) if threads else 1
+    # the threads share the block budget: as much memory in flight as on one thread
+    step = max(1, (block or _ATTN_BLOCK) // workers // max(1, lead * n_k))
     if workers == 1:
         return _attend_blocks(q, k, v, mask, dropout_p, 0, n_q, step)
     bounds = np.linspace(0, n_q, workers + 1).round().astype(int)

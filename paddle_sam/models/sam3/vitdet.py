@@ -185,7 +185,7 @@ class Attention(nn.Layer):
         # query rows in blocks of at most _ATTN_BLOCK scores: the global blocks' 16 x 5184 x
         # 5184 matrix (1.7 GB) is never materialised, and the blocks stay in a warm working
         # set (measured: 4.0 s -> 1.6 s per global block on 2 cores)
-        x = attend_in_row_blocks(q * self.scale, k, v, block=_ATTN_BLOCK)
+        x = attend_in_row_blocks(q * self.scale, k, v, block=_ATTN_BLOCK, threads=False)
         x = x.reshape([-1, nh, L, hd]).transpose([0, 2, 1, 3])
         return self.proj(x.reshape([-1, H, W, C]))
 
