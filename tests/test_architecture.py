@@ -24,7 +24,12 @@ LAYERS = [
     {"__main__"},
 ]
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
-RANK["__init__"] = len(LAYERS)  # the drop-in API on top: nothing inside imports it
+# the drop-in API on top: the package root and the modules that mirror upstream's import paths
+# (segment_anything.modeling, segment_anything.utils, sam3's visualization_utils). They may
+# import anything, and no part but another mirror imports them.
+MIRRORS = {"modeling", "utils", "visualization_utils"}
+TOP = {"__init__"} | MIRRORS
+RANK.update(dict.fromkeys(TOP, len(LAYERS)))
 
 # calls that read or write files; a model layer gets tensors, never paths
 FILE_IO_CALLS = {
@@ -94,7 +99,7 @@ def _edges() -> dict[tuple[str, str], str]:
 
 def test_every_part_has_a_layer():
     parts = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
-    missing = sorted(parts - set(RANK) - {"__init__"})
+    missing = sorted(parts - set(RANK))
     assert not missing, f"parts without a layer in LAYERS: {missing}"
 
 
@@ -102,9 +107,20 @@ def test_parts_import_downwards_only():
     upward = [
         f"{where}: {src} imports {dst}"
         for (src, dst), where in _edges().items()
-        if src != "__init__" and RANK[dst] >= RANK[src]
+        if src not in TOP and RANK[dst] >= RANK[src]
     ]
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_drop_in_modules_are_imported_by_no_other_part():
+    """The upstream-path mirrors are for users: neither the layers below nor the package root
+    import them (``import paddle_sam`` stays lean); only another mirror may."""
+    offending = [
+        f"{where}: {src} imports {dst}"
+        for (src, dst), where in _edges().items()
+        if dst in MIRRORS and src not in MIRRORS
+    ]
+    assert not offending, "imports of the drop-in modules:\n" + "\n".join(offending)
 
 
 def test_no_import_cycle_between_parts():
@@ -134,9 +150,11 @@ def test_no_import_cycle_between_parts():
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "models").rglob("*.py")), ids=lambda p: p.name)
 def test_models_are_a_leaf_without_file_io(path):
+    """Models import only models and the process-wide CPU settings (``_runtime``: thread
+    counts, no files), and read or write no files."""
     problems = []
     for line, target in _imports(path):
-        if _part(target) != "models":
+        if _part(target) not in {"models", "_runtime"}:
             problems.append(f"line {line}: imports {'.'.join(target)}")
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call):

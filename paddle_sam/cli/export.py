@@ -8,6 +8,35 @@ from pathlib import Path
 
 from .common import DEFAULT_MODEL, add_model_args, check_out_folder, family, load_model
 
+# the ONNX-only options: (attribute, flag); set on a PIR export they are refused
+ONNX_OPTIONS = (
+    ("return_single_mask", "--return-single-mask"),
+    ("use_stability_score", "--use-stability-score"),
+    ("return_extra_metrics", "--return-extra-metrics"),
+    ("gelu_approximate", "--gelu-approximate"),
+    ("dynamic_batch", "--dynamic-batch"),
+    ("quantize", "--quantize"),
+    ("opset", "--opset"),
+)
+
+
+def _check_onnx_options(args: argparse.Namespace) -> dict:
+    """The ONNX export options as ``export_onnx`` keywords; refused with --format pir."""
+    given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
+    if args.format != "onnx":
+        if given:
+            raise ValueError(f"{', '.join(given)}: for --format onnx only")
+        return {}
+    from ..export.onnx import DEFAULT_OPSET, check_onnx_options
+
+    opset = DEFAULT_OPSET if args.opset is None else args.opset
+    try:
+        check_onnx_options(opset, args.quantize)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") from None  # "--opset must be ...", "--quantize must be"
+    options = {attr: bool(getattr(args, attr)) for attr, _ in ONNX_OPTIONS[:5]}
+    return {**options, "quantize": args.quantize, "opset": opset}
+
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ..convert.core import read_sidecar
@@ -22,11 +51,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _export_sam3(args)
     if args.fused_attention is not None:
         raise ValueError("--fused-attention applies to SAM 3 exports only")
+    onnx_options = _check_onnx_options(args)
     if args.format == "onnx":
-        from ..export.onnx import _paddle2onnx
+        from ..export.onnx import _paddle2onnx, _quantizer
         from ..export.onnx import export_onnx as export
 
-        _paddle2onnx()  # the missing extra is reported before the model is loaded
+        _paddle2onnx()  # a missing extra is reported before the model is loaded
+        if args.quantize:
+            _quantizer()
     else:
         from ..export.sam_v1 import export_sam as export
     sam = load_model(args)
@@ -38,11 +70,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         model_type=args.model_type or meta.get("model_type"),
         source_sha256=(meta.get("source") or {}).get("sha256"),
         overwrite=args.overwrite,
+        **onnx_options,
     )
-    ext = "onnx" if args.format == "onnx" else "{json,pdiparams}"
-    files = ", ".join(f"{name}.{ext}" for name in manifest["programs"])
+    files = ", ".join(name for names in manifest["programs"].values() for name in names)
     print(
-        f"exported ({args.format}) -> {args.output}/ ({files}, export.json) "
+        f"exported ({args.format}) -> {args.output}/ ({files}, {MANIFEST}) "
         f"in {time.perf_counter() - t:.1f}s"
     )
     return 0
@@ -56,6 +88,7 @@ def _export_sam3(args: argparse.Namespace) -> int:
 
     if args.format != "pir":
         raise ValueError("SAM 3 exports to PIR programs only (--format pir)")
+    _check_onnx_options(args)
     if args.checkpoint is None:
         raise ValueError(
             "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
@@ -83,14 +116,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     x = sub.add_parser(
         "export",
         help="export to PIR static programs for Paddle Inference (SAM v1: image encoder and "
-        "prompt decoder; SAM 3: backbone, text encoder and prompt decoder)",
+        "prompt decoder; SAM 3: backbone, text encoder and prompt decoder) or, for SAM v1, "
+        "to ONNX with the official decoder interface",
     )
     x.add_argument("-o", "--output", required=True, help="output folder")
     x.add_argument(
         "--format",
         choices=["pir", "onnx"],
         default="pir",
-        help="pir: Paddle Inference programs (default); onnx: via paddle2onnx (the onnx extra)",
+        help="pir: Paddle Inference programs (default); onnx: image_encoder.onnx and "
+        "prompt_decoder.onnx via paddle2onnx (the onnx extra), the decoder with the official "
+        "SAM ONNX interface",
     )
     x.add_argument("--overwrite", action="store_true")
     x.add_argument(
@@ -99,6 +135,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="SAM 3: long self-attentions through Paddle's fused CPU kernel (AVX-512 CPUs "
         "only; default: when this machine has it); --no-fused-attention for GPUs",
+    )
+    onnx = x.add_argument_group("ONNX (--format onnx; the official export script's options)")
+    onnx.add_argument(
+        "--return-single-mask",
+        action="store_true",
+        help="the decoder returns one mask, the official rule's pick (the best of the three "
+        "for one click or a box alone, the single-mask output for more points), instead of "
+        "all four",
+    )
+    onnx.add_argument(
+        "--use-stability-score",
+        action="store_true",
+        help="scores are the stability scores of the low-res masks (offset 1.0) instead of "
+        "the predicted IoU",
+    )
+    onnx.add_argument(
+        "--return-extra-metrics",
+        action="store_true",
+        help="five decoder outputs: masks, iou_predictions, stability_scores, areas, low_res_masks",
+    )
+    onnx.add_argument(
+        "--gelu-approximate",
+        action="store_true",
+        help="the decoder's GELUs as tanh approximations, for runtimes with a slow or "
+        "missing erf (the image encoder keeps the exact GELU)",
+    )
+    onnx.add_argument(
+        "--opset", type=int, default=None, help="ONNX opset (default 17; at least 11)"
+    )
+    onnx.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="the image encoder takes a batch of any size (default: 1 x 3 x S x S)",
+    )
+    onnx.add_argument(
+        "--quantize",
+        choices=["int8"],
+        default=None,
+        help="also write image_encoder.quant.onnx and prompt_decoder.quant.onnx, dynamically "
+        "quantised by onnxruntime (uint8 weights), as the official script's --quantize-out",
     )
     add_model_args(x, families=("sam_v1", "sam3"))
     x.set_defaults(func=cmd_export)

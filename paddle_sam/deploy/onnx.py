@@ -1,6 +1,7 @@
 """``OnnxSamPredictor``: ``SamPredictor``'s API over a ``paddle-sam export --format onnx``
 folder, on onnxruntime (the optional ``onnx`` extra). Mostly a check of the ONNX files and a
-reference for other ONNX runtimes (onnxruntime-web in a browser runs the same decoder).
+reference for other ONNX runtimes: it feeds the decoder exactly as upstream's onnxruntime
+recipe does (float32 inputs, the padding point, the original size as ``orig_im_size``).
 """
 
 from __future__ import annotations
@@ -10,17 +11,31 @@ import os
 import numpy as np
 
 from .._runtime import cpu_count
-from ..export.onnx import ONNX_FORMAT, ONNX_FORMAT_VERSION
-from ..export.sam_v1 import PROGRAMS
+from ..export.onnx import DECODER_OUTPUTS, ONNX_FORMAT, ONNX_FORMAT_VERSION
+from ..export.sam_v1 import MANIFEST, PROGRAMS
 from .sam_v1 import ExportedSamPredictor, ExportFormatError, read_manifest
 
 
 class OnnxSamPredictor(ExportedSamPredictor):
+    """``SamPredictor``'s API over an ONNX export folder, on onnxruntime.
+
+    threads: onnxruntime's intra-op threads (default: this machine's CPUs); providers:
+    onnxruntime execution providers (default: the CPU); quantized: run the int8 variants
+    (``*.quant.onnx``, an export with ``quantize="int8"``).
+
+    The decoder's options come from the manifest. An export with ``return_single_mask``
+    answers every prompt with one mask, the one upstream's rule picks (the best multimask
+    output for one click or a box alone, the single-mask output for more points), whatever
+    ``multimask_output`` says; with ``use_stability_score`` the scores are stability scores.
+    """
+
     def __init__(
         self,
         export_dir: str | os.PathLike,
         threads: int | None = None,
         providers: list[str] | None = None,
+        *,
+        quantized: bool = False,
     ) -> None:
         try:
             import onnxruntime as ort
@@ -28,27 +43,56 @@ class OnnxSamPredictor(ExportedSamPredictor):
             raise ImportError(
                 "OnnxSamPredictor needs onnxruntime: pip install 'paddle-sam[onnx]'"
             ) from exc
-        super().__init__(
-            export_dir, read_manifest(export_dir, ONNX_FORMAT, version=ONNX_FORMAT_VERSION)
-        )
+        manifest = read_manifest(export_dir, ONNX_FORMAT, version=ONNX_FORMAT_VERSION)
+        super().__init__(export_dir, manifest)
+        decoder = manifest.get("decoder")
+        if not isinstance(decoder, dict):
+            raise ExportFormatError(
+                f"{self.export_dir / MANIFEST} has no 'decoder' section; export the model again"
+            )
+        self.return_single_mask = bool(decoder.get("return_single_mask"))
+        self.quantized = bool(quantized)
+        files = {p: f"{p}.onnx" for p in PROGRAMS}
+        if quantized:
+            listed = manifest.get("quantized")
+            if not isinstance(listed, dict) or any(p not in listed for p in PROGRAMS):
+                raise ExportFormatError(
+                    f"{self.export_dir} holds no int8 variant; export it with quantize='int8' "
+                    "(--quantize int8)"
+                )
+            files = {p: str(listed[p]) for p in PROGRAMS}
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = int(threads or cpu_count())
         opts.log_severity_level = 3  # errors only: unused-initializer notices are noise
         self._sessions = {}
-        for prog in PROGRAMS:
-            path = self.export_dir / f"{prog}.onnx"
+        for prog, name in files.items():
+            path = self.export_dir / name
+            if not path.is_file():
+                raise ExportFormatError(f"{self.export_dir}: {name} is missing")
             try:
                 self._sessions[prog] = ort.InferenceSession(
                     str(path), opts, providers=providers or ["CPUExecutionProvider"]
                 )
             except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
                 raise ExportFormatError(f"cannot load {path}: {exc}") from exc
+        self._encoder_input = self._sessions["image_encoder"].get_inputs()[0].name
+        names = {o.name for o in self._sessions["prompt_decoder"].get_outputs()}
+        missing = [n for n in DECODER_OUTPUTS if n not in names]
+        if missing:
+            raise ExportFormatError(
+                f"{self.export_dir / files['prompt_decoder']} has no output "
+                f"{', '.join(missing)} (outputs: {sorted(names)}); export the model again"
+            )
 
     def _run_encoder(self, image: np.ndarray) -> np.ndarray:
-        return self._sessions["image_encoder"].run(None, {"image": image})[0]
+        return self._sessions["image_encoder"].run(None, {self._encoder_input: image})[0]
 
     def _run_decoder(self, feeds, multimask_output):
-        feeds = {**feeds, "orig_im_size": np.array(self.original_size, np.int64)}
-        masks, iou, low_res = self._sessions["prompt_decoder"].run(None, feeds)
-        sl = slice(1, None) if multimask_output else slice(0, 1)
+        feeds = {**feeds, "orig_im_size": np.array(self.original_size, np.float32)}
+        session = self._sessions["prompt_decoder"]
+        masks, iou, low_res = session.run(list(DECODER_OUTPUTS), feeds)
+        if self.return_single_mask:
+            sl = slice(None)
+        else:
+            sl = slice(1, None) if multimask_output else slice(0, 1)
         return masks[0, sl], iou[0, sl], low_res[0, sl]

@@ -1,26 +1,238 @@
-"""ONNX export of SAM v1 through paddle2onnx (the optional ``onnx`` extra).
+"""ONNX export of SAM v1 through paddle2onnx (the optional ``onnx`` extra), with upstream's
+ONNX interface.
 
-The same two programs as the PIR export, converted to ONNX: ``image_encoder.onnx`` and
-``prompt_decoder.onnx``. The decoder keeps the mask upscaling in the graph, with the original
-image size as an input (``orig_im_size``), like upstream's ONNX model, so a browser runtime
-(onnxruntime-web) gets masks at the image's size straight from it.
+``prompt_decoder.onnx`` is :class:`SamOnnxModel` (prompt encoder, mask decoder and mask
+postprocessing), the graph upstream's ``scripts/export_onnx_model.py`` writes: the same input
+names and dtypes (all float32, ``orig_im_size`` included), a dynamic number of points
+(``num_points``), outputs ``masks``, ``iou_predictions``, ``low_res_masks`` and upstream's
+options (``return_single_mask``, ``use_stability_score``, ``return_extra_metrics``, tanh GELU),
+so upstream's onnxruntime recipe and web demo run it unchanged. ``image_encoder.onnx`` takes
+the preprocessed image (``image``: 1 x 3 x S x S, or a dynamic batch) and returns
+``image_embeddings``, the decoder's first input. ``export.json`` records both interfaces and
+the options; optionally int8 variants (``*.quant.onnx``, onnxruntime's dynamic quantisation,
+as upstream's ``--quantize-out``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+from paddle.static import InputSpec
+
 from ..models.sam_v1.sam import Sam
-from .sam_v1 import MANIFEST, PROGRAMS, check_outputs, sam_fields, save_programs, write_manifest
+from .sam_v1 import (
+    MANIFEST,
+    PROGRAMS,
+    check_outputs,
+    decoder_formulation,
+    point_input_spec,
+    sam_fields,
+    write_manifest,
+)
 
 ONNX_FORMAT = "paddle-sam/sam_v1-onnx"
 # versioned apart from the PIR export's FORMAT_VERSION (a change to the PIR programs leaves
-# ONNX exports valid); 3 is what ONNX exports carried while the two shared one number
-ONNX_FORMAT_VERSION = 3
+# ONNX exports valid); 3 is what ONNX exports carried while the two shared one number;
+# 4: upstream's decoder interface (float32 orig_im_size, named outputs, options) and the
+# encoder's output named image_embeddings
+ONNX_FORMAT_VERSION = 4
 DEFAULT_OPSET = 17
+MIN_OPSET = 11  # upstream's floor for the decoder graph
+ENCODER_INPUT = "image"
+ENCODER_OUTPUT = "image_embeddings"
+DECODER_INPUTS = (
+    "image_embeddings",
+    "point_coords",
+    "point_labels",
+    "mask_input",
+    "has_mask_input",
+    "orig_im_size",
+)
+DECODER_OUTPUTS = ("masks", "iou_predictions", "low_res_masks")
+EXTRA_METRICS_OUTPUTS = (
+    "masks",
+    "iou_predictions",
+    "stability_scores",
+    "areas",
+    "low_res_masks",
+)
+QUANTIZE_CHOICES = ("int8",)
+QUANT_SUFFIX = ".quant.onnx"
+
+
+def stability_score(masks: paddle.Tensor, mask_threshold: float, offset: float) -> paddle.Tensor:
+    """IoU of the masks binarised at ``mask_threshold +- offset`` (... x H x W -> ...), in
+    float32 only (browser runtimes lack float64 kernels); the high mask lies inside the low."""
+    high = (masks > (mask_threshold + offset)).astype("int32").sum(axis=[-2, -1])
+    low = (masks > (mask_threshold - offset)).astype("int32").sum(axis=[-2, -1])
+    return high.astype("float32") / low.astype("float32")
+
+
+class SamOnnxModel(nn.Layer):
+    """A SAM v1 model's prompt encoder, mask decoder and mask postprocessing as one layer
+    with upstream's ONNX interface, for export (``export_onnx``); it runs in dygraph too.
+
+    Inputs, all float32: image_embeddings 1 x C x h x w; point_coords 1 x N x 2 (pixels of
+    the resized image, ``ResizeLongestSide.apply_coords``); point_labels 1 x N (1 foreground,
+    0 background, -1 padding, 2 / 3 box corners); mask_input 1 x 1 x 4h x 4w (low-res logits
+    of a previous prediction); has_mask_input 1 (1 uses mask_input, 0 ignores it);
+    orig_im_size 2 (H, W of the original image).
+
+    Outputs: masks 1 x M x H x W (logits at the original size), iou_predictions 1 x M,
+    low_res_masks 1 x M x 4h x 4w, with M every mask token (the single-mask output first,
+    then the multimask outputs), or M = 1 with ``return_single_mask``: the best multimask
+    output for at most two points (one click and its padding point, or a box alone), else
+    the single-mask output. ``use_stability_score``: scores are the stability scores of the
+    low-res masks (offset 1.0) instead of the predicted IoU. ``return_extra_metrics``: five
+    outputs, masks, scores, stability scores and areas (pixels above the threshold) of the
+    upscaled masks, low-res masks. Batch 1.
+    """
+
+    def __init__(
+        self,
+        model: Sam,
+        return_single_mask: bool,
+        use_stability_score: bool = False,
+        return_extra_metrics: bool = False,
+    ) -> None:
+        super().__init__()
+        self.prompt_encoder = model.prompt_encoder
+        self.mask_decoder = model.mask_decoder
+        self.img_size = int(model.image_encoder.img_size)
+        self.mask_threshold = float(model.mask_threshold)
+        self.return_single_mask = bool(return_single_mask)
+        self.use_stability_score = bool(use_stability_score)
+        self.stability_score_offset = 1.0
+        self.return_extra_metrics = bool(return_extra_metrics)
+        n = self.mask_decoder.num_mask_tokens
+        with paddle.no_grad():
+            # constants of the graph: the grid's positional encoding and the single-mask
+            # output's weight in the mask selection
+            self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
+            reweight = paddle.to_tensor([[1000.0] + [0.0] * (n - 1)], dtype="float32")
+            self.register_buffer("score_reweight", reweight)
+
+    @staticmethod
+    def resize_longest_image_size(
+        input_image_size: paddle.Tensor, longest_side: int
+    ) -> paddle.Tensor:
+        """(H, W) -> the size of the image resized to ``longest_side`` (int64), in float32."""
+        size = input_image_size.astype("float32")
+        scale = longest_side / paddle.max(size)
+        return paddle.floor(scale * size + 0.5).astype("int64")
+
+    def _embed_points(self, point_coords: paddle.Tensor, point_labels: paddle.Tensor):
+        """1 x N x 2, 1 x N -> 1 x N x C; no padding point is added (the caller gives it)."""
+        return self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
+
+    def _embed_masks(self, input_mask: paddle.Tensor, has_mask_input: paddle.Tensor):
+        """The mask input's embedding weighted by has_mask_input, the no-mask embedding by
+        its complement: 1 x C x h x w."""
+        pe = self.prompt_encoder
+        embedding = has_mask_input * pe.mask_downscaling(input_mask)
+        no_mask = pe.no_mask_embed.weight.reshape([1, -1, 1, 1])
+        return embedding + (1 - has_mask_input) * no_mask
+
+    def mask_postprocessing(
+        self, masks: paddle.Tensor, orig_im_size: paddle.Tensor
+    ) -> paddle.Tensor:
+        """Low-res logits -> logits at the original size: upscale to the padded input, crop
+        the padding, resize to ``orig_im_size`` (bilinear throughout)."""
+        size = self.img_size
+        masks = F.interpolate(masks, size=[size, size], mode="bilinear", align_corners=False)
+        prepadded = self.resize_longest_image_size(orig_im_size, size)
+        masks = paddle.slice(masks, axes=[2, 3], starts=[0, 0], ends=[prepadded[0], prepadded[1]])
+        hw = orig_im_size.astype("int64")
+        return F.interpolate(masks, size=[hw[0], hw[1]], mode="bilinear", align_corners=False)
+
+    def select_masks(
+        self, masks: paddle.Tensor, iou_preds: paddle.Tensor, num_points: paddle.Tensor
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """The mask with the best score, the single-mask output's score moved by 1000 per
+        point above 2.5 (no control flow in the graph): the single-mask output from three
+        points on, the best multimask output below. -> 1 x 1 x h x w, 1 x 1."""
+        shift = num_points.astype("float32") - 2.5
+        score = iou_preds + shift * self.score_reweight
+        best = paddle.argmax(score, axis=1)
+        masks = paddle.index_select(masks, best, axis=1)
+        iou_preds = paddle.index_select(iou_preds, best, axis=1)
+        return masks, iou_preds
+
+    def forward(
+        self,
+        image_embeddings: paddle.Tensor,
+        point_coords: paddle.Tensor,
+        point_labels: paddle.Tensor,
+        mask_input: paddle.Tensor,
+        has_mask_input: paddle.Tensor,
+        orig_im_size: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, ...]:
+        sparse = self._embed_points(point_coords, point_labels)
+        dense = self._embed_masks(mask_input, has_mask_input)
+        masks, scores = self.mask_decoder.predict_masks(
+            image_embeddings, self.dense_pe, sparse, dense
+        )
+        if self.use_stability_score:
+            scores = stability_score(masks, self.mask_threshold, self.stability_score_offset)
+        if self.return_single_mask:
+            masks, scores = self.select_masks(masks, scores, paddle.shape(point_coords)[1])
+        upscaled = self.mask_postprocessing(masks, orig_im_size)
+        if self.return_extra_metrics:
+            stability = stability_score(upscaled, self.mask_threshold, self.stability_score_offset)
+            areas = (upscaled > self.mask_threshold).astype("int64").sum(axis=[-2, -1])
+            return upscaled, scores, stability, areas, masks
+        return upscaled, scores, masks
+
+
+class TanhGELU(nn.Layer):
+    """GELU's tanh approximation written out, ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715
+    x^3)))``: paddle2onnx 2.1.0 converts Paddle's ``gelu(approximate=True)`` to the exact
+    erf form, so the export spells the approximation with elementary ops."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))
+        return 0.5 * x * (1.0 + paddle.tanh(inner))
+
+
+@contextmanager
+def approximate_gelu(layer: nn.Layer, enabled: bool = True) -> Iterator[None]:
+    """Within the block, every ``nn.GELU`` under ``layer`` is a :class:`TanhGELU`
+    (upstream's ``--gelu-approximate``, for runtimes with a slow or missing erf); the
+    layers are put back on exit."""
+    swapped = []
+    if enabled:
+        for parent in layer.sublayers(include_self=True):
+            for name, child in parent._sub_layers.items():
+                if isinstance(child, nn.GELU):
+                    swapped.append((parent, name, child))
+    try:
+        for parent, name, _ in swapped:
+            parent._sub_layers[name] = TanhGELU()
+        yield
+    finally:
+        for parent, name, child in swapped:
+            parent._sub_layers[name] = child
+
+
+def decoder_input_spec(sam: Sam) -> list[InputSpec]:
+    """Upstream's decoder inputs (all float32, a dynamic number of points, batch 1)."""
+    grid, c = sam.spec.image_embedding_size, sam.spec.prompt_embed_dim
+    return [
+        InputSpec([1, c, grid, grid], "float32", "image_embeddings"),
+        *point_input_spec(),
+        InputSpec([1, 1, 4 * grid, 4 * grid], "float32", "mask_input"),
+        InputSpec([1], "float32", "has_mask_input"),
+        InputSpec([2], "float32", "orig_im_size"),
+    ]
 
 
 def _paddle2onnx():
@@ -31,6 +243,93 @@ def _paddle2onnx():
     return paddle2onnx
 
 
+def _quantizer():
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or "onnxruntime"
+        raise ImportError(
+            f"quantize='int8' needs onnxruntime's quantization tools ({missing} is missing): "
+            "pip install 'paddle-sam[onnx]'"
+        ) from exc
+    return quantize_dynamic, QuantType
+
+
+def check_onnx_options(opset: int, quantize: str | None) -> None:
+    """Clear errors for an opset below ``MIN_OPSET`` or an unknown quantisation."""
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:
+        raise ValueError(f"opset must be an integer >= {MIN_OPSET}, got {opset!r}")
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ValueError(
+            f"quantize must be one of {list(QUANTIZE_CHOICES)} or None, got {quantize!r}"
+        )
+
+
+def _rename_values(graph, renames: dict[str, str]) -> None:
+    """Rename the values ``renames`` maps everywhere in ``graph`` (node inputs and outputs,
+    graph outputs, value infos)."""
+    for node in graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    for value in [*graph.output, *graph.value_info]:
+        value.name = renames.get(value.name, value.name)
+
+
+def _name_dims(values, names: dict[str, dict[int, str]]) -> None:
+    """Give the listed axes of the graph inputs / outputs ``values`` symbolic names."""
+    for value in values:
+        for axis, dim_name in names.get(value.name, {}).items():
+            dim = value.type.tensor_type.shape.dim[axis]
+            dim.dim_param = dim_name
+
+
+def _finish_graph(
+    path: Path, prog: str, outputs: tuple[str, ...], dims: dict[str, dict[int, str]]
+) -> None:
+    """Name the graph outputs ``outputs`` (paddle2onnx numbers them) and the dynamic axes
+    ``dims``, check the model and save it back to ``path``."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    got = [o.name for o in graph.output]
+    if len(got) != len(outputs):
+        raise RuntimeError(
+            f"paddle2onnx wrote the {prog} program with {len(got)} outputs {got}, "
+            f"expected {len(outputs)} ({', '.join(outputs)})"
+        )
+    renames = dict(zip(got, outputs, strict=True))
+    taken = {v.name for v in [*graph.input, *graph.initializer]}
+    taken |= {n for node in graph.node for n in [*node.input, *node.output]}
+    clash = sorted((taken - set(renames)) & set(outputs))
+    if clash:
+        raise RuntimeError(f"the {prog} graph already has values named {clash}")
+    _rename_values(graph, renames)
+    _name_dims([*graph.input, *graph.output], dims)
+    # constants paddle2onnx leaves unused (runtimes warn about each one on loading)
+    used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
+    unused = [t for t in graph.initializer if t.name not in used]
+    for t in unused:
+        graph.initializer.remove(t)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _convert(p2o, src: Path, prog: str, dst: Path, opset: int) -> None:
+    """paddle2onnx one saved PIR program ``src / prog`` into ``dst``."""
+    # "onnxoptimizer": the default tool (polygraphy) pip-installs packages at run time
+    p2o.export(
+        str(src / f"{prog}.json"),
+        str(src / f"{prog}.pdiparams"),
+        save_file=str(dst),
+        opset_version=opset,
+        auto_upgrade_opset=False,
+        optimize_tool="onnxoptimizer",
+    )
+    if not dst.is_file() or dst.stat().st_size == 0:  # paddle2onnx logs, not raises
+        raise RuntimeError(f"paddle2onnx could not convert the {prog} program (opset {opset})")
+
+
 def export_onnx(
     sam: Sam,
     out_dir: str | os.PathLike,
@@ -39,31 +338,70 @@ def export_onnx(
     source_sha256: str | None = None,
     overwrite: bool = False,
     opset: int = DEFAULT_OPSET,
+    return_single_mask: bool = False,
+    use_stability_score: bool = False,
+    return_extra_metrics: bool = False,
+    gelu_approximate: bool = False,
+    dynamic_batch: bool = False,
+    quantize: str | None = None,
 ) -> dict:
-    """Write ``image_encoder.onnx``, ``prompt_decoder.onnx`` and ``export.json``."""
+    """Write ``image_encoder.onnx``, ``prompt_decoder.onnx`` (:class:`SamOnnxModel`) and
+    ``export.json`` to ``out_dir``; returns the manifest.
+
+    return_single_mask, use_stability_score, return_extra_metrics: the decoder's options
+    (:class:`SamOnnxModel`); gelu_approximate: the decoder's GELUs as tanh approximations
+    (upstream's option; it applies to the decoder only, as upstream's); dynamic_batch: the
+    encoder takes any batch (``batch`` axis) instead of 1; quantize="int8": also
+    ``image_encoder.quant.onnx`` and ``prompt_decoder.quant.onnx``, dynamically quantised
+    by onnxruntime (uint8 weights, per tensor, as upstream's ``--quantize-out``).
+    """
+    check_onnx_options(opset, quantize)
     p2o = _paddle2onnx()
+    quantizer = _quantizer() if quantize else None
     out = Path(out_dir)
-    programs = {p: [f"{p}.onnx"] for p in PROGRAMS}
-    check_outputs(out, [f"{p}.onnx" for p in PROGRAMS] + [MANIFEST], overwrite)
+    programs = {p: [f"{p}.onnx"] + ([f"{p}{QUANT_SUFFIX}"] if quantize else []) for p in PROGRAMS}
+    check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    size, grid = sam.spec.image_size, sam.spec.image_embedding_size
+    channels = sam.spec.prompt_embed_dim
+    batch = "batch" if dynamic_batch else 1
+    outputs = EXTRA_METRICS_OUTPUTS if return_extra_metrics else DECODER_OUTPUTS
+    decoder = SamOnnxModel(sam, return_single_mask, use_stability_score, return_extra_metrics)
+    sam.eval()
+    decoder.eval()
+    image_spec = InputSpec([None if dynamic_batch else 1, 3, size, size], "float32", ENCODER_INPUT)
     with tempfile.TemporaryDirectory(prefix="paddle-sam-onnx-") as tmp:
         tmp = Path(tmp)
-        save_programs(sam, tmp, upscale=True)
+        paddle.jit.save(sam.image_encoder, str(tmp / "image_encoder"), input_spec=[image_spec])
+        with decoder_formulation(sam, few_tokens=False, channels_last=False):
+            with approximate_gelu(decoder, gelu_approximate):
+                paddle.jit.save(
+                    decoder, str(tmp / "prompt_decoder"), input_spec=decoder_input_spec(sam)
+                )
+        batch_dims = {ENCODER_INPUT: {0: "batch"}, ENCODER_OUTPUT: {0: "batch"}}
+        finish = {
+            "image_encoder": ((ENCODER_OUTPUT,), batch_dims if dynamic_batch else {}),
+            "prompt_decoder": (
+                outputs,
+                {"point_coords": {1: "num_points"}, "point_labels": {1: "num_points"}},
+            ),
+        }
         for prog in PROGRAMS:
             dst = tmp / f"{prog}.onnx"
-            # "onnxoptimizer": the default tool (polygraphy) pip-installs packages at run time
-            p2o.export(
-                str(tmp / f"{prog}.json"),
-                str(tmp / f"{prog}.pdiparams"),
-                save_file=str(dst),
-                opset_version=opset,
-                auto_upgrade_opset=False,
-                optimize_tool="onnxoptimizer",
-            )
-            if not dst.is_file() or dst.stat().st_size == 0:  # paddle2onnx logs, not raises
-                raise RuntimeError(f"paddle2onnx could not convert the {prog} program")
-        for prog in PROGRAMS:
-            shutil.move(str(tmp / f"{prog}.onnx"), out / f"{prog}.onnx")
+            _convert(p2o, tmp, prog, dst, opset)
+            _finish_graph(dst, prog, *finish[prog])
+            if quantizer is not None:
+                quantize_dynamic, quant_type = quantizer
+                quantize_dynamic(
+                    model_input=str(dst),
+                    model_output=str(tmp / f"{prog}{QUANT_SUFFIX}"),
+                    per_channel=False,
+                    reduce_range=False,
+                    weight_type=quant_type.QUInt8,
+                )
+        for names in programs.values():
+            for name in names:
+                shutil.move(str(tmp / name), out / name)
     return write_manifest(
         out,
         ONNX_FORMAT,
@@ -74,5 +412,41 @@ def export_onnx(
         **sam_fields(sam),
         opset=opset,
         paddle2onnx_version=p2o.__version__,
-        decoder_outputs=["masks", "iou_predictions", "low_res_masks"],
+        encoder={
+            "file": "image_encoder.onnx",
+            "input": ENCODER_INPUT,
+            "input_shape": [batch, 3, size, size],
+            "output": ENCODER_OUTPUT,
+            "output_shape": [batch, channels, grid, grid],
+            "preprocessing": "RGB image resized so its longest side is image_size (bilinear, "
+            "ResizeLongestSide), normalised with pixel_mean / pixel_std, padded at the "
+            "bottom and right to image_size x image_size, NCHW float32",
+            "dynamic_batch": bool(dynamic_batch),
+        },
+        decoder={
+            "file": "prompt_decoder.onnx",
+            "inputs": {
+                "image_embeddings": [1, channels, grid, grid],
+                "point_coords": [1, "num_points", 2],
+                "point_labels": [1, "num_points"],
+                "mask_input": [1, 1, 4 * grid, 4 * grid],
+                "has_mask_input": [1],
+                "orig_im_size": [2],
+            },
+            "input_dtype": "float32",
+            "outputs": list(outputs),
+            "return_single_mask": bool(return_single_mask),
+            "use_stability_score": bool(use_stability_score),
+            "return_extra_metrics": bool(return_extra_metrics),
+            "gelu_approximate": bool(gelu_approximate),
+        },
+        quantized=(
+            {
+                "image_encoder": f"image_encoder{QUANT_SUFFIX}",
+                "prompt_decoder": f"prompt_decoder{QUANT_SUFFIX}",
+                "method": "onnxruntime quantize_dynamic, uint8 weights per tensor",
+            }
+            if quantize
+            else None
+        ),
     )

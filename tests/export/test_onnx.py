@@ -1,4 +1,8 @@
-"""ONNX export (paddle2onnx) checked with onnxruntime against the dynamic model (tiny config)."""
+"""ONNX export (paddle2onnx) checked with onnxruntime against the dynamic model (tiny config):
+the files and their interface, the encoder + decoder pair through ``OnnxSamPredictor``
+against ``SamPredictor``, the single-mask decoder against the official selection rule, the
+int8 variant against fp32, errors and the CLI. Upstream's own recipe on these files, against
+the official export: ``tests/dropin/test_onnx_recipe.py``."""
 
 from __future__ import annotations
 
@@ -10,75 +14,125 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam import SamPredictor, build_sam
-from paddle_sam.deploy import OnnxSamPredictor
-from paddle_sam.deploy.sam_v1 import ExportFormatError
-from paddle_sam.export.onnx import export_onnx
-from tests.helpers.pairs import TINY, image
+pytest.importorskip("onnxruntime")
+pytest.importorskip("paddle2onnx")
+
+from paddle_sam import SamPredictor, build_sam  # noqa: E402
+from paddle_sam.deploy import OnnxSamPredictor  # noqa: E402
+from paddle_sam.deploy.sam_v1 import ExportFormatError  # noqa: E402
+from paddle_sam.export.onnx import export_onnx  # noqa: E402
+from tests.helpers.pairs import TINY, image  # noqa: E402
 
 H, W = 150, 230
+FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def model():
     paddle.seed(5)
-    model = build_sam(TINY)
-    d = tmp_path_factory.mktemp("onnx") / "tiny"
-    manifest = export_onnx(model, d, model_type="tiny")
-    return model, d, manifest
+    return build_sam(TINY)
 
 
 @pytest.fixture(scope="module")
-def pair(exported):
-    model, d, _ = exported
-    op, dp = OnnxSamPredictor(d), SamPredictor(model)
+def exported(model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("onnx") / "tiny"
+    manifest = export_onnx(model, d, model_type="tiny", quantize="int8")
+    return d, manifest
+
+
+@pytest.fixture(scope="module")
+def single(model, tmp_path_factory):
+    """A single-mask decoder and an encoder with a dynamic batch."""
+    d = tmp_path_factory.mktemp("onnx") / "single"
+    manifest = export_onnx(model, d, return_single_mask=True, dynamic_batch=True)
+    return d, manifest
+
+
+@pytest.fixture(scope="module")
+def pair(model, exported):
+    op, dp = OnnxSamPredictor(exported[0], threads=2), SamPredictor(model)
     img = image(H, W, seed=6)
     op.set_image(img)
     dp.set_image(img)
     return op, dp
 
 
-def _same(op, dp, *args, **kw):
+def _same(a, b, la, lb):
     """Low-res logits and IoU match; the masks (upscaled by onnxruntime's Resize, not Paddle's
     interpolate) match except where the logit is within 1e-4 of the threshold."""
-    a, b = op.predict(*args, **kw), dp.predict(*args, **kw)
     np.testing.assert_allclose(a[2], b[2], atol=1e-4, rtol=0)
     np.testing.assert_allclose(a[1], b[1], atol=1e-5)
-    la = op.predict(*args, **kw, return_logits=True)[0]
-    lb = dp.predict(*args, **kw, return_logits=True)[0]
     np.testing.assert_allclose(la, lb, atol=1e-4, rtol=0)
     differ = a[0] != b[0]
     assert np.all(np.abs(lb[differ]) < 1e-4), np.abs(lb[differ]).max()
     assert differ.mean() < 1e-4
 
 
-def test_files_and_dynamic_inputs(exported):
+def _same_predictions(op, dp, *args, **kw):
+    a, b = op.predict(*args, **kw), dp.predict(*args, **kw)
+    la = op.predict(*args, **kw, return_logits=True)[0]
+    lb = dp.predict(*args, **kw, return_logits=True)[0]
+    _same(a, b, la, lb)
+
+
+def _io(path):
+    """{name: (elem_type, dims)} of a model's inputs and outputs; symbolic dims as names."""
     import onnx
 
-    _, d, manifest = exported
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+
+    def table(values):
+        return {
+            v.name: (
+                v.type.tensor_type.elem_type,
+                [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+            )
+            for v in values
+        }
+
+    return table(model.graph.input), table(model.graph.output)
+
+
+def test_files_and_interface(exported):
+    d, manifest = exported
     assert sorted(p.name for p in d.iterdir()) == [
         "export.json",
         "image_encoder.onnx",
+        "image_encoder.quant.onnx",
         "prompt_decoder.onnx",
+        "prompt_decoder.quant.onnx",
     ]
     assert json.loads((d / "export.json").read_text()) == manifest
     assert manifest["format"] == "paddle-sam/sam_v1-onnx"
-    graph = onnx.load(str(d / "prompt_decoder.onnx")).graph
-    onnx.checker.check_model(onnx.load(str(d / "prompt_decoder.onnx")))
-    dims = {
-        i.name: [x.dim_value or x.dim_param for x in i.type.tensor_type.shape.dim]
-        for i in graph.input
+    assert manifest["format_version"] == 4
+    inputs, outputs = _io(d / "prompt_decoder.onnx")
+    c, g = TINY.prompt_embed_dim, TINY.image_embedding_size
+    # upstream's interface: float32 everywhere, the point count symbolic ("num_points")
+    assert inputs == {
+        "image_embeddings": (FLOAT, [1, c, g, g]),
+        "point_coords": (FLOAT, [1, "num_points", 2]),
+        "point_labels": (FLOAT, [1, "num_points"]),
+        "mask_input": (FLOAT, [1, 1, 4 * g, 4 * g]),
+        "has_mask_input": (FLOAT, [1]),
+        "orig_im_size": (FLOAT, [2]),
     }
-    # the point count is symbolic: one graph serves any number of clicks
-    assert isinstance(dims["point_coords"][1], str) and dims["point_coords"][2] == 2
-    assert set(dims) == {
+    assert list(outputs) == ["masks", "iou_predictions", "low_res_masks"]
+    assert manifest["decoder"]["outputs"] == list(outputs)
+    assert manifest["decoder"]["inputs"]["point_coords"] == [1, "num_points", 2]
+    opts = ("return_single_mask", "use_stability_score", "return_extra_metrics")
+    assert not any(manifest["decoder"][k] for k in (*opts, "gelu_approximate"))
+    inputs, outputs = _io(d / "image_encoder.onnx")
+    assert inputs == {"image": (FLOAT, [1, 3, TINY.image_size, TINY.image_size])}
+    assert list(outputs) == ["image_embeddings"]
+    enc = manifest["encoder"]
+    assert (enc["input"], enc["output"], enc["dynamic_batch"]) == (
+        "image",
         "image_embeddings",
-        "point_coords",
-        "point_labels",
-        "mask_input",
-        "has_mask_input",
-        "orig_im_size",
-    }
+        False,
+    )
+    assert enc["input_shape"] == [1, 3, TINY.image_size, TINY.image_size]
+    assert manifest["quantized"]["prompt_decoder"] == "prompt_decoder.quant.onnx"
 
 
 def test_image_embedding(pair):
@@ -96,21 +150,97 @@ def test_points(pair, n, multimask):
     coords = rng.uniform(0, [W, H], size=(n, 2))
     labels = rng.integers(0, 2, n)
     labels[0] = 1
-    _same(op, dp, coords, labels, multimask_output=multimask)
+    _same_predictions(op, dp, coords, labels, multimask_output=multimask)
 
 
 def test_box_and_mask_input(pair):
     op, dp = pair
     box = np.array([20, 30, 150, 120])
     pts, lbl = np.array([[60, 70], [140, 40]]), np.array([1, 0])
-    _same(op, dp, box=box, multimask_output=False)
-    _same(op, dp, pts, lbl, box=box)
+    _same_predictions(op, dp, box=box, multimask_output=False)
+    _same_predictions(op, dp, pts, lbl, box=box)
     prev = dp.predict(pts, lbl)[2][:1]
-    _same(op, dp, pts, lbl, mask_input=prev, multimask_output=False)
+    _same_predictions(op, dp, pts, lbl, mask_input=prev, multimask_output=False)
 
 
-def test_errors(exported, tmp_path, monkeypatch):
-    model, d, _ = exported
+def test_single_mask_follows_the_official_rule(model, single):
+    """At most two points fed (a click and its padding point, or a box alone): the best of
+    the three multimask outputs; more: the single-mask output."""
+    d, manifest = single
+    assert manifest["decoder"]["return_single_mask"] is True
+    assert _io(d / "prompt_decoder.onnx")[0]["point_coords"][1][1] == "num_points"
+    op, dp = OnnxSamPredictor(d, threads=2), SamPredictor(model)
+    img = image(H, W, seed=7)
+    op.set_image(img)
+    dp.set_image(img)
+    click = {"point_coords": np.array([[100, 60]]), "point_labels": np.array([1])}
+    clicks = {"point_coords": np.array([[100, 60], [30, 120]]), "point_labels": np.array([1, 0])}
+    box = {"box": np.array([20, 30, 150, 120])}
+    box_and_click = {**box, **click}
+    for prompt, multi in [(click, True), (box, True), (clicks, False), (box_and_click, False)]:
+        # the predictor ignores multimask_output for a single-mask export
+        a = op.predict(**prompt, multimask_output=not multi)
+        la = op.predict(**prompt, return_logits=True)[0]
+        b = dp.predict(**prompt, multimask_output=multi)
+        lb = dp.predict(**prompt, multimask_output=multi, return_logits=True)[0]
+        k = int(np.argmax(b[1]))
+        assert a[0].shape == (1, H, W) and a[1].shape == (1,)
+        _same(a, tuple(x[k : k + 1] for x in b), la, lb[k : k + 1])
+
+
+def test_dynamic_batch_encoder(single):
+    import onnxruntime as ort
+
+    d, manifest = single
+    inputs, outputs = _io(d / "image_encoder.onnx")
+    size = TINY.image_size
+    assert inputs == {"image": (FLOAT, ["batch", 3, size, size])}
+    assert outputs["image_embeddings"][1][0] == "batch"
+    assert manifest["encoder"]["input_shape"] == ["batch", 3, size, size]
+    session = ort.InferenceSession(
+        str(d / "image_encoder.onnx"), providers=["CPUExecutionProvider"]
+    )
+    x = np.random.default_rng(0).standard_normal((2, 3, size, size)).astype(np.float32)
+    both = session.run(None, {"image": x})[0]
+    first = session.run(None, {"image": x[:1]})[0]
+    assert both.shape[0] == 2
+    np.testing.assert_allclose(both[:1], first, atol=1e-5)
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
+def test_int8_variant(exported, pair):
+    """The int8 files load and run; their masks agree with fp32's (figures printed)."""
+    op, _ = pair
+    q = OnnxSamPredictor(exported[0], threads=2, quantized=True)
+    img = image(H, W, seed=6)
+    q.set_image(img)
+    emb, qemb = op.get_image_embedding(), q.get_image_embedding()
+    cosine = float((emb * qemb).sum() / np.linalg.norm(emb) / np.linalg.norm(qemb))
+    rng = np.random.default_rng(3)
+    prompts = [{"box": np.array([20, 30, 150, 120])}]
+    for n in (1, 2, 4):
+        coords = rng.uniform(0, [W, H], size=(n, 2))
+        prompts.append({"point_coords": coords, "point_labels": np.ones(n, int)})
+    ious, score_err = [], []
+    for prompt in prompts:
+        a, b = op.predict(**prompt), q.predict(**prompt)
+        ious += [_iou(x, y) for x, y in zip(a[0], b[0], strict=True)]
+        score_err.append(float(np.abs(a[1] - b[1]).max()))
+    print(
+        f"\nint8 vs fp32 (tiny random model, {len(ious)} masks): embedding cosine {cosine:.5f}, "
+        f"mask IoU mean {np.mean(ious):.4f} min {np.min(ious):.4f}, "
+        f"max score difference {max(score_err):.4f}"
+    )
+    assert cosine > 0.99
+    assert np.mean(ious) >= 0.9
+
+
+def test_errors(model, exported, single, tmp_path, monkeypatch):
+    d, _ = exported
     broken = tmp_path / "broken"
     shutil.copytree(d, broken)
     (broken / "prompt_decoder.onnx").write_bytes(b"not onnx")
@@ -119,20 +249,30 @@ def test_errors(exported, tmp_path, monkeypatch):
     (broken / "prompt_decoder.onnx").unlink()
     with pytest.raises(ExportFormatError, match="prompt_decoder.onnx is missing"):
         OnnxSamPredictor(broken)
+    with pytest.raises(ExportFormatError, match="no int8 variant"):
+        OnnxSamPredictor(single[0], quantized=True)
+    old = tmp_path / "old"
+    shutil.copytree(d, old)
+    manifest = json.loads((old / "export.json").read_text())
+    (old / "export.json").write_text(json.dumps({**manifest, "format_version": 3}))
+    with pytest.raises(ExportFormatError, match="version 3.*export the model again"):
+        OnnxSamPredictor(old)
     with pytest.raises(FileExistsError, match="overwrite"):
         export_onnx(model, d)
+    with pytest.raises(ValueError, match="opset must be an integer >= 11"):
+        export_onnx(model, tmp_path / "x", opset=9)
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        export_onnx(model, tmp_path / "x", quantize="int4")
+    assert not (tmp_path / "x").exists()
     monkeypatch.setitem(sys.modules, "paddle2onnx", None)  # the extra not installed
     with pytest.raises(ImportError, match=r"paddle-sam\[onnx\]"):
         export_onnx(model, tmp_path / "x")
 
 
-def test_cli_export_onnx_and_segment(exported, tmp_path):
-    from PIL import Image
-
-    from paddle_sam import cli
+@pytest.fixture
+def checkpoint(model, tmp_path):
     from paddle_sam.convert.core import save_pdparams
 
-    model, _, _ = exported
     ckpt = tmp_path / "tiny.pdparams"
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     save_pdparams(
@@ -140,12 +280,61 @@ def test_cli_export_onnx_and_segment(exported, tmp_path):
         ckpt,
         {"format": "paddle-sam/sam_v1", "model_type": "custom", "spec": TINY.to_dict()},
     )
+    return ckpt
+
+
+def test_cli_export_onnx_and_segment(checkpoint, tmp_path):
+    """An export with options through the CLI; ``segment`` on it gives the dynamic model's
+    mask (for one click the single-mask decoder picks the best of three, as segment does)."""
+    from PIL import Image
+
+    from paddle_sam import cli
+
     out = tmp_path / "onnx"
-    assert cli.main(["export", "--format", "onnx", "--checkpoint", str(ckpt), "-o", str(out)]) == 0
+    args = ["export", "--format", "onnx", "--checkpoint", str(checkpoint), "-o", str(out)]
+    flags = ["--return-single-mask", "--opset", "16", "--dynamic-batch"]
+    assert cli.main([*args, *flags]) == 0
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["opset"] == 16 and manifest["encoder"]["dynamic_batch"] is True
+    assert manifest["decoder"]["return_single_mask"] is True
     Image.fromarray(image(H, W, seed=2)).save(tmp_path / "img.png")
     common = ["segment", str(tmp_path / "img.png"), "--point", "50,60"]
     assert cli.main([*common, "--exported", str(out), "-o", str(tmp_path / "s")]) == 0
-    assert cli.main([*common, "--checkpoint", str(ckpt), "-o", str(tmp_path / "d")]) == 0
+    assert cli.main([*common, "--checkpoint", str(checkpoint), "-o", str(tmp_path / "d")]) == 0
     a = np.asarray(Image.open(tmp_path / "s" / "mask.png"))
     b = np.asarray(Image.open(tmp_path / "d" / "mask.png"))
     np.testing.assert_array_equal(a, b)
+
+
+def test_cli_onnx_options(checkpoint, tmp_path, capsys):
+    """Every ONNX flag reaches ``export_onnx``; misuse is refused before any model loads."""
+    from paddle_sam import cli
+    from paddle_sam.cli.export import _check_onnx_options
+
+    def options(*argv):
+        return _check_onnx_options(cli.build_parser().parse_args(["export", "-o", "x", *argv]))
+
+    assert options("--format", "onnx") == {
+        "return_single_mask": False,
+        "use_stability_score": False,
+        "return_extra_metrics": False,
+        "gelu_approximate": False,
+        "dynamic_batch": False,
+        "quantize": None,
+        "opset": 17,
+    }
+    every = ["--return-single-mask", "--use-stability-score", "--return-extra-metrics"]
+    every += ["--gelu-approximate", "--dynamic-batch", "--quantize", "int8", "--opset", "18"]
+    got = options("--format", "onnx", *every)
+    assert got == {**dict.fromkeys(got, True), "quantize": "int8", "opset": 18}
+    assert options("--format", "pir") == {}
+    base = ["export", "--checkpoint", str(checkpoint)]
+    capsys.readouterr()
+    for bad, says in [
+        (["--format", "pir", "--return-single-mask"], "--return-single-mask: for --format onnx"),
+        (["--quantize", "int8", "--dynamic-batch"], "--dynamic-batch, --quantize: for --format"),
+        (["--format", "onnx", "--opset", "9"], "--opset must be an integer >= 11"),
+    ]:
+        assert cli.main([*base, *bad, "-o", str(tmp_path / "bad")]) == 2
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -8,6 +8,7 @@ prompt encoder and the two-way transformer are SAM v1's (same parameters and mat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -337,20 +338,100 @@ class SAM3InteractiveImagePredictor(nn.Layer):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Masks ``C x H x W`` (original size), IoU predictions ``C``, low-res logits
         ``C x 4h x 4w`` (mask_input for a next call). With several boxes, one more leading
-        axis."""
+        axis. With a batch of images set, the last one is used, as upstream."""
         if not self._is_image_set:
             raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+        return self._predict_numpy(
+            point_coords,
+            point_labels,
+            box,
+            mask_input,
+            multimask_output,
+            return_logits,
+            normalize_coords,
+            img_idx=-1,
+        )
+
+    @paddle.no_grad()
+    def predict_batch(
+        self,
+        point_coords_batch: Sequence[Any] | None = None,
+        point_labels_batch: Sequence[Any] | None = None,
+        box_batch: Sequence[Any] | None = None,
+        mask_input_batch: Sequence[Any] | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+        normalize_coords: bool = True,
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """:meth:`predict` on each image of a batch (features set with ``is_batch=True``, as
+        ``Sam3Image.predict_inst_batch`` does): each ``*_batch`` argument is ``None`` or holds
+        one entry per image (itself ``None`` or that image's prompt, in :meth:`predict`'s
+        forms, e.g. ``B x N x 2`` points and ``B x N`` labels, or ``B x 4`` boxes, for B
+        objects). Returns three lists with one entry per image: masks, IoU predictions and
+        low-res logits, each as :meth:`predict` returns them for that image."""
+        if not self._is_image_set:
+            raise RuntimeError(
+                "An image must be set with .set_image_batch(...) before mask prediction."
+            )
+        if not self._is_batch:
+            raise RuntimeError(
+                "predict_batch needs a batch of images (set_image_batch / predict_inst_batch); "
+                "for one image use predict"
+            )
+        num_images = self._features["image_embed"].shape[0]
+        per_image = {
+            "point_coords_batch": point_coords_batch,
+            "point_labels_batch": point_labels_batch,
+            "box_batch": box_batch,
+            "mask_input_batch": mask_input_batch,
+        }
+        for name, value in per_image.items():
+            if value is not None and len(value) != num_images:
+                raise ValueError(
+                    f"{name} must hold one entry per image: {len(value)} entries for "
+                    f"{num_images} images"
+                )
+        all_masks, all_ious, all_low_res = [], [], []
+        for i in range(num_images):
+            prompts = [None if v is None else v[i] for v in per_image.values()]
+            masks, ious, low_res = self._predict_numpy(
+                *prompts, multimask_output, return_logits, normalize_coords, img_idx=i
+            )
+            all_masks.append(masks)
+            all_ious.append(ious)
+            all_low_res.append(low_res)
+        return all_masks, all_ious, all_low_res
+
+    def _predict_numpy(
+        self,
+        point_coords: Any,
+        point_labels: Any,
+        box: Any,
+        mask_input: Any,
+        multimask_output: bool,
+        return_logits: bool,
+        normalize_coords: bool,
+        img_idx: int,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         mask_input, coords, labels, boxes = self._prep_prompts(
-            point_coords, point_labels, box, mask_input, normalize_coords
+            point_coords, point_labels, box, mask_input, normalize_coords, img_idx=img_idx
         )
         masks, iou, low_res = self._predict(
-            coords, labels, boxes, mask_input, multimask_output, return_logits
+            coords, labels, boxes, mask_input, multimask_output, return_logits, img_idx=img_idx
         )
         return (
             masks.squeeze(0).astype("float32").numpy(),
             iou.squeeze(0).astype("float32").numpy(),
             low_res.squeeze(0).astype("float32").numpy(),
         )
+
+    def get_image_embedding(self) -> paddle.Tensor:
+        """The cached lowest-resolution image embeddings ``B x C x h x w`` (B images set)."""
+        if not self._is_image_set:
+            raise RuntimeError(
+                "An image must be set with .set_image(...) to generate an embedding."
+            )
+        return self._features["image_embed"]
 
     @paddle.no_grad()
     def _predict(
@@ -424,16 +505,26 @@ class SAM3InteractiveImagePredictor(nn.Layer):
                 out[idx] = np.where(small, value, out[idx])
         return paddle.to_tensor(out)
 
-    def set_features(self, backbone_out: dict[str, Any], orig_hw: list[tuple[int, int]]) -> None:
+    def set_features(
+        self,
+        backbone_out: dict[str, Any],
+        orig_hw: Sequence[tuple[int, int]],
+        is_batch: bool = False,
+    ) -> None:
         """Cache features from the second neck's output (``sam2_backbone_out``), whose two
-        finest levels already went through ``conv_s0`` / ``conv_s1``."""
+        finest levels already went through ``conv_s0`` / ``conv_s1``, for the images of
+        original sizes ``orig_hw`` (one ``(H, W)`` per image of the batch). ``is_batch``: the
+        features are a batch for :meth:`predict_batch` (upstream's batched mode)."""
         _, feats, _, _ = self.model._prepare_backbone_features(backbone_out)
         feats[-1] = feats[-1] + self.model.no_mem_embed
         n = feats[-1].shape[1]
+        if len(orig_hw) != n:
+            raise ValueError(f"{n} images in the features but {len(orig_hw)} original sizes")
         maps = [
             f.transpose([1, 2, 0]).reshape([n, -1, *size])
             for f, size in zip(feats, self._bb_feat_sizes, strict=True)
         ]
         self._features = {"image_embed": maps[-1], "high_res_feats": maps[:-1]}
-        self._orig_hw = list(orig_hw)
+        self._orig_hw = [(int(h), int(w)) for h, w in orig_hw]
         self._is_image_set = True
+        self._is_batch = is_batch

@@ -500,6 +500,37 @@ class Sam3Image(nn.Layer):
         finally:
             predictor.reset_predictor()
 
+    def predict_inst_batch(self, inference_state: dict[str, Any], *args: Any, **kwargs: Any):
+        """SAM 1 style prediction on each image of ``inference_state`` (from
+        ``Sam3Processor.set_image_batch``); ``args`` and ``kwargs`` are those of
+        ``SAM3InteractiveImagePredictor.predict_batch`` (``point_coords_batch``,
+        ``point_labels_batch``, ``box_batch``, ``mask_input_batch``: one entry per image, or
+        None; ``multimask_output``, ``return_logits``, ``normalize_coords``). Returns
+        ``(masks, ious, low_res_logits)``, three lists with one entry per image."""
+        predictor = self.inst_interactive_predictor
+        if predictor is None:
+            raise ValueError(
+                "this model has no interactive predictor: build it with "
+                "enable_inst_interactivity=True"
+            )
+        backbone_out = inference_state.get("backbone_out", {}).get("sam2_backbone_out")
+        if backbone_out is None or "original_heights" not in inference_state:
+            raise ValueError("predict_inst_batch needs a state from Sam3Processor.set_image_batch")
+        heights = inference_state["original_heights"]
+        widths = inference_state["original_widths"]
+        batch_size = backbone_out["backbone_fpn"][-1].shape[0]
+        if not batch_size == len(heights) == len(widths):
+            raise ValueError(
+                f"Batch size mismatch in predict_inst_batch: {batch_size} images in the "
+                f"features, {len(heights)} original heights, {len(widths)} original widths"
+            )
+        sizes = list(zip(heights, widths, strict=True))
+        predictor.set_features(backbone_out, sizes, is_batch=True)
+        try:
+            return predictor.predict_batch(*args, **kwargs)
+        finally:
+            predictor.reset_predictor()
+
     def _get_dummy_prompt(self, num_prompts: int = 1) -> Prompt:
         return Prompt(
             box_embeddings=paddle.zeros([0, num_prompts, 4], "float32"),

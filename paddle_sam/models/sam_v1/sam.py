@@ -14,6 +14,69 @@ from .image_encoder import ImageEncoderViT
 from .mask_decoder import MaskDecoder
 from .prompt_encoder import PromptEncoder
 
+# the entries of a ``Sam.forward`` record that hold tensors
+_RECORD_TENSORS = ("image", "point_coords", "point_labels", "boxes", "mask_inputs")
+
+
+def is_torch_tensor(x: Any) -> bool:
+    """Whether ``x`` is a PyTorch tensor, recognised by its type's module (torch is never
+    imported here: code ported from ``segment_anything`` may still hand one over)."""
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
+
+
+def as_paddle(x: Any, place: Any = None) -> Any:
+    """A PyTorch tensor or numpy array as a paddle Tensor (through numpy, same dtype) on
+    ``place`` (default: Paddle's current device); paddle Tensors, None and other values are
+    returned as they are."""
+    if is_torch_tensor(x):
+        x = x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return paddle.to_tensor(np.ascontiguousarray(x), place=place)
+    return x
+
+
+def device_name(place: Any) -> str:
+    """A Paddle place as a device string in PyTorch's spelling: ``"cpu"``, ``"cuda:0"``.
+
+    Paddle reads ``"cuda:N"`` as ``"gpu:N"``, so the string works for ``paddle.to_tensor(...,
+    place=...)`` and for ``torch.tensor(..., device=...)`` alike; other places keep Paddle's
+    name (``"xpu:0"``).
+    """
+    name = str(place)
+    if name.startswith("Place(") and name.endswith(")"):
+        name = name[len("Place(") : -1]
+    if name.startswith("gpu:"):
+        name = "cuda:" + name[len("gpu:") :]
+    return name
+
+
+def check_device(device: Any) -> Any:
+    """Validate a device given to :meth:`Sam.to` and return it in a form Paddle takes.
+
+    Strings as PyTorch or Paddle spell them (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"gpu"``,
+    ``"gpu:0"``) and ``torch.device`` objects are accepted; a GPU device on a PaddlePaddle
+    build without CUDA raises a ValueError saying so.
+    """
+    if type(device).__module__.split(".")[0] == "torch":  # torch.device("cuda:0")
+        device = str(device)
+    if not isinstance(device, str):
+        return device  # a paddle Place, or None: Paddle checks it
+    name = device.strip().lower()
+    if name == "cuda" or name.startswith("cuda:"):
+        name = "gpu" + name[len("cuda") :]
+    if name == "gpu" or name.startswith("gpu:"):
+        if not paddle.is_compiled_with_cuda():
+            raise ValueError(
+                f"device {device!r} needs a GPU build of PaddlePaddle, but this one is CPU-only "
+                "(paddle.is_compiled_with_cuda() is False); use device='cpu'"
+            )
+        if name != "gpu" and not name[len("gpu:") :].isdigit():
+            raise ValueError(f"device {device!r}: the GPU index must be a number, e.g. 'cuda:0'")
+        return name  # "gpu": Paddle's current GPU, as "cuda" is PyTorch's
+    if name != "cpu":
+        return device  # xpu, custom devices: Paddle checks them
+    return name
+
 
 class Sam(nn.Layer):
     mask_threshold: float = 0.0
@@ -43,6 +106,30 @@ class Sam(nn.Layer):
             persistable=False,
         )
 
+    @property
+    def device(self) -> str:
+        """Where the weights are, spelled as PyTorch does (``"cpu"``, ``"cuda:0"``); both
+        ``paddle.to_tensor(..., place=sam.device)`` and ``torch.tensor(..., device=sam.device)``
+        take it."""
+        return device_name(self.pixel_mean.place)
+
+    def to(
+        self,
+        device: Any = None,
+        dtype: Any = None,
+        blocking: bool | None = None,
+        non_blocking: bool | None = None,
+    ) -> Sam:
+        """Move (and/or cast) the weights, as ``paddle.nn.Layer.to``; returns the model.
+
+        ``device`` may also be spelled as for PyTorch (``"cuda"``, ``"cuda:0"``, a
+        ``torch.device``), so ``sam.to(device=device)`` from ``segment_anything`` code runs
+        unchanged. A GPU device on a CPU-only PaddlePaddle build is a clear ValueError.
+        """
+        return super().to(
+            device=check_device(device), dtype=dtype, blocking=blocking, non_blocking=non_blocking
+        )
+
     @paddle.no_grad()
     def forward(
         self, batched_input: list[dict[str, Any]], multimask_output: bool
@@ -52,9 +139,12 @@ class Sam(nn.Layer):
         Each input dict has ``image`` (3 x H x W, already resized to the longest side),
         ``original_size`` (H, W) and optionally ``point_coords`` (B x N x 2),
         ``point_labels`` (B x N), ``boxes`` (B x 4) and ``mask_inputs`` (B x 1 x 256 x 256),
-        all in the resized frame. Returns dicts with ``masks`` (bool), ``iou_predictions``
-        and ``low_res_logits``.
+        all in the resized frame. Tensors may be paddle Tensors, numpy arrays or PyTorch
+        tensors (as ``segment_anything`` code builds them); they are used on the model's
+        device. Returns dicts with ``masks`` (bool), ``iou_predictions`` and
+        ``low_res_logits``.
         """
+        batched_input = [self._record(x, i) for i, x in enumerate(batched_input)]
         input_images = paddle.stack([self.preprocess(x["image"]) for x in batched_input], axis=0)
         image_embeddings = self.image_encoder(input_images)
         outputs = []
@@ -85,6 +175,34 @@ class Sam(nn.Layer):
                 }
             )
         return outputs
+
+    def _record(self, record: Any, index: int) -> dict[str, Any]:
+        """One ``batched_input`` entry checked, with its tensors as paddle Tensors."""
+        if not isinstance(record, dict):
+            raise TypeError(
+                f"batched_input[{index}] must be a dict with 'image' and 'original_size', "
+                f"got {type(record).__name__}"
+            )
+        missing = [k for k in ("image", "original_size") if k not in record]
+        if missing:
+            raise ValueError(f"batched_input[{index}] has no {' or '.join(map(repr, missing))}")
+        if ("point_coords" in record) != ("point_labels" in record):
+            raise ValueError(
+                f"batched_input[{index}]: 'point_coords' and 'point_labels' go together"
+            )
+        place = self.pixel_mean.place
+        out = dict(record)
+        for key in _RECORD_TENSORS:
+            if key in out:
+                out[key] = as_paddle(out[key], place)
+        image = out["image"]
+        if not isinstance(image, paddle.Tensor) or image.ndim != 3 or image.shape[0] != 3:
+            shape = list(getattr(image, "shape", []))
+            raise ValueError(
+                f"batched_input[{index}]['image'] must be a 3 x H x W tensor (resized with "
+                f"ResizeLongestSide, channels first), got {type(image).__name__} {shape}"
+            )
+        return out
 
     def postprocess_masks(
         self,

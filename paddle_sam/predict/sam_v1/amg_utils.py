@@ -19,6 +19,7 @@ import numpy as np
 import paddle
 
 from ...models.common import connected_components
+from ...models.sam_v1.sam import as_paddle
 
 ArrayLike = np.ndarray | paddle.Tensor
 
@@ -176,6 +177,11 @@ def mask_to_rle_paddle(tensor: paddle.Tensor) -> list[dict[str, Any]]:
         counts.extend(np.diff(edges).tolist())
         out.append({"size": [h, w], "counts": counts})
     return out
+
+
+def mask_to_rle_pytorch(tensor: Any) -> list[dict[str, Any]]:
+    """Upstream's name for :func:`mask_to_rle_paddle`; the masks may also be a PyTorch tensor."""
+    return mask_to_rle_paddle(as_paddle(tensor))
 
 
 def rle_to_mask(rle: dict[str, Any]) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Drop-in ``SamPredictor``: same calls, arguments, defaults and returns as segment-anything's.
 
 The image embedding is computed once by :meth:`SamPredictor.set_image` and reused by every
-:meth:`SamPredictor.predict` call. ``predict_torch`` / ``set_torch_image`` are kept as aliases
-of the Paddle versions so ported code runs unchanged.
+:meth:`SamPredictor.predict` call. ``predict_torch`` / ``set_torch_image`` are upstream's names
+for the Paddle versions, and also take PyTorch tensors, so ported code runs unchanged.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from ...models.sam_v1.sam import Sam
+from ...models.sam_v1.sam import Sam, as_paddle
 from .transforms import ResizeLongestSide
 
 
@@ -200,7 +200,10 @@ class SamPredictor(PredictorBase):
 
     @property
     def device(self) -> str:
-        return str(self.model.prompt_encoder.no_mask_embed.weight.place)
+        """The model's device, spelled as PyTorch does (``"cpu"``, ``"cuda:0"``): as upstream,
+        ``torch.tensor(..., device=predictor.device)`` works, and so does
+        ``paddle.to_tensor(..., place=predictor.device)``."""
+        return self.model.device
 
     def _embed(self, input_image: np.ndarray, original_size: tuple[int, int]) -> None:
         tensor = paddle.to_tensor(input_image).transpose([2, 0, 1]).unsqueeze(0)
@@ -210,7 +213,12 @@ class SamPredictor(PredictorBase):
     def set_paddle_image(
         self, transformed_image: paddle.Tensor, original_image_size: tuple[int, ...]
     ) -> None:
-        """Embed a 1 x 3 x h x w image already resized with :class:`ResizeLongestSide`."""
+        """Embed a 1 x 3 x h x w image already resized with :class:`ResizeLongestSide`.
+
+        ``set_torch_image`` is the same method under upstream's name: the image may also be a
+        PyTorch tensor (or a numpy array), moved to the model's device.
+        """
+        transformed_image = as_paddle(transformed_image, self.model.pixel_mean.place)
         size = self.model.image_encoder.img_size
         shape = tuple(transformed_image.shape)
         if len(shape) != 4 or shape[0] != 1 or shape[1] != 3 or max(shape[2:]) != size:
@@ -257,8 +265,16 @@ class SamPredictor(PredictorBase):
 
         point_coords: B x N x 2, point_labels: B x N, boxes: B x 4, mask_input:
         B x 1 x 256 x 256. Returns masks B x C x H x W, IoU B x C, low-res B x C x 256 x 256.
+
+        ``predict_torch`` is the same method under upstream's name: the prompts may also be
+        PyTorch tensors (or numpy arrays), moved to the model's device; the results are paddle
+        Tensors, which have the ``.cpu().numpy()`` that upstream's callers use.
         """
         self._require_image()
+        place = self.model.pixel_mean.place
+        point_coords, point_labels, boxes, mask_input = (
+            as_paddle(x, place) for x in (point_coords, point_labels, boxes, mask_input)
+        )
         if (point_coords is None) != (point_labels is None):
             raise ValueError("point_coords and point_labels must be given together")
         points = (point_coords, point_labels) if point_coords is not None else None
@@ -285,6 +301,6 @@ class SamPredictor(PredictorBase):
     def reset_image(self) -> None:
         super().reset_image()
         self.dense_pe = None
-        if "gpu" in self.device.lower():
+        if self.device.startswith("cuda"):
             # long-running processes: hand the previous image's blocks back to the device
             paddle.device.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""Drop-in tests: client code written for the official packages, run on paddle-sam."""
