@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -81,6 +82,14 @@ def cmd_segment(args: argparse.Namespace) -> int:
         predictor = exported_predictor(args.exported)
     else:
         predictor = SamPredictor(load_model(args))
+    if multimask and getattr(predictor, "return_single_mask", False):
+        if args.multimask:
+            raise ValueError(
+                "--multimask: this ONNX export returns one mask (exported with "
+                "--return-single-mask); drop --multimask or export without that flag"
+            )
+        multimask = False
+        print("note: this ONNX export returns one mask per prompt", file=sys.stderr)
     coords = np.array([p[:2] for p in args.point]) if args.point else None
     labels = np.array([int(p[2]) for p in args.point]) if args.point else None
     box = np.array(args.box) if args.box is not None else None

@@ -283,7 +283,7 @@ def checkpoint(model, tmp_path):
     return ckpt
 
 
-def test_cli_export_onnx_and_segment(checkpoint, tmp_path):
+def test_cli_export_onnx_and_segment(checkpoint, tmp_path, capsys):
     """An export with options through the CLI; ``segment`` on it gives the dynamic model's
     mask (for one click the single-mask decoder picks the best of three, as segment does)."""
     from PIL import Image
@@ -304,6 +304,12 @@ def test_cli_export_onnx_and_segment(checkpoint, tmp_path):
     a = np.asarray(Image.open(tmp_path / "s" / "mask.png"))
     b = np.asarray(Image.open(tmp_path / "d" / "mask.png"))
     np.testing.assert_array_equal(a, b)
+    # one mask from this export: no candidate files, and an explicit --multimask is refused
+    assert not list((tmp_path / "s").glob("mask_*.png"))
+    assert json.loads((tmp_path / "s" / "result.json").read_text())["multimask_output"] is False
+    multimask = [*common, "--multimask", "--exported", str(out), "-o", str(tmp_path / "m")]
+    assert cli.main(multimask) == 2
+    assert "--return-single-mask" in capsys.readouterr().err
 
 
 def test_cli_onnx_options(checkpoint, tmp_path, capsys):
