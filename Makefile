@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := outputs/demo
 
-.PHONY: demo test lint bench bench-serve chromium clean train-default
+.PHONY: demo test lint bench bench-serve chromium onnxruntime-web clean train-default
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,7 @@ train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage2.yaml
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage3.yaml
 
-test: $(VENV)/.installed-test chromium
+test: $(VENV)/.installed-test chromium onnxruntime-web
 	$(BIN)/python -m pytest -q
 
 # the browser test drives Debian's chromium (playwright never downloads one): install it once
@@ -61,6 +61,24 @@ chromium:
 	  else \
 	    echo "NOTE: /usr/bin/chromium missing and not root: the browser test will skip" \
 	         "(sudo apt-get install -y chromium)"; \
+	  fi; \
+	fi
+
+# the ONNX web demo test runs the exported decoder in onnxruntime-web (the official demo's
+# runtime) in chromium: its npm package, pinned, in an ignored folder. Quick when present; without
+# npm the test skips (sudo apt-get install -y npm).
+ORT_WEB_VERSION := 1.30.0
+ORT_WEB_DIR     := .cache/onnxruntime-web
+onnxruntime-web:
+	@if [ ! -f $(ORT_WEB_DIR)/.installed-$(ORT_WEB_VERSION) ]; then \
+	  if command -v npm >/dev/null 2>&1; then \
+	    echo "installing onnxruntime-web $(ORT_WEB_VERSION) for the web demo test (npm)"; \
+	    rm -rf $(ORT_WEB_DIR) && mkdir -p $(ORT_WEB_DIR) && \
+	    npm install --prefix $(ORT_WEB_DIR) --ignore-scripts --no-audit --no-fund \
+	      --loglevel=error onnxruntime-web@$(ORT_WEB_VERSION) >/dev/null && \
+	    touch $(ORT_WEB_DIR)/.installed-$(ORT_WEB_VERSION); \
+	  else \
+	    echo "NOTE: npm missing: the onnxruntime-web test will skip (sudo apt-get install -y npm)"; \
 	  fi; \
 	fi
 
