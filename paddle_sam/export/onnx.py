@@ -29,6 +29,7 @@ from paddle import nn
 from paddle.static import InputSpec
 
 from ..models.sam_v1.sam import Sam
+from ..predict.sam_v1.amg_utils import calculate_stability_score
 from .sam_v1 import (
     MANIFEST,
     PROGRAMS,
@@ -67,14 +68,6 @@ EXTRA_METRICS_OUTPUTS = (
 )
 QUANTIZE_CHOICES = ("int8",)
 QUANT_SUFFIX = ".quant.onnx"
-
-
-def stability_score(masks: paddle.Tensor, mask_threshold: float, offset: float) -> paddle.Tensor:
-    """IoU of the masks binarised at ``mask_threshold +- offset`` (... x H x W -> ...), in
-    float32 only (browser runtimes lack float64 kernels); the high mask lies inside the low."""
-    high = (masks > (mask_threshold + offset)).astype("int32").sum(axis=[-2, -1])
-    low = (masks > (mask_threshold - offset)).astype("int32").sum(axis=[-2, -1])
-    return high.astype("float32") / low.astype("float32")
 
 
 class SamOnnxModel(nn.Layer):
@@ -182,12 +175,16 @@ class SamOnnxModel(nn.Layer):
             image_embeddings, self.dense_pe, sparse, dense
         )
         if self.use_stability_score:
-            scores = stability_score(masks, self.mask_threshold, self.stability_score_offset)
+            scores = calculate_stability_score(
+                masks, self.mask_threshold, self.stability_score_offset, float64=False
+            )
         if self.return_single_mask:
             masks, scores = self.select_masks(masks, scores, paddle.shape(point_coords)[1])
         upscaled = self.mask_postprocessing(masks, orig_im_size)
         if self.return_extra_metrics:
-            stability = stability_score(upscaled, self.mask_threshold, self.stability_score_offset)
+            stability = calculate_stability_score(
+                upscaled, self.mask_threshold, self.stability_score_offset, float64=False
+            )
             areas = (upscaled > self.mask_threshold).astype("int64").sum(axis=[-2, -1])
             return upscaled, scores, stability, areas, masks
         return upscaled, scores, masks

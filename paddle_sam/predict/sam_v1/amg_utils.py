@@ -201,17 +201,19 @@ def area_from_rle(rle: dict[str, Any]) -> int:
 
 
 def calculate_stability_score(
-    masks: paddle.Tensor, mask_threshold: float, threshold_offset: float
+    masks: paddle.Tensor, mask_threshold: float, threshold_offset: float, float64: bool = True
 ) -> paddle.Tensor:
     """IoU between the masks binarised at ``threshold +- offset`` (... x H x W logits -> ...).
 
     The high-threshold mask is always inside the low-threshold one, so IoU is a ratio of counts.
+    Paddle's vectorised float32 division on CPU is not correctly rounded (1-ulp differences
+    from torch); dividing in float64 and rounding once to float32 matches torch bit for bit.
+    ``float64=False`` divides in float32 (exported graphs: browser runtimes lack float64).
     """
     high = (masks > (mask_threshold + threshold_offset)).astype("int32").sum(axis=[-2, -1])
     low = (masks > (mask_threshold - threshold_offset)).astype("int32").sum(axis=[-2, -1])
-    # Paddle's vectorised float32 division on CPU is not correctly rounded (1-ulp differences
-    # from torch); dividing in float64 and rounding once to float32 matches torch bit for bit.
-    return (high.astype("float64") / low.astype("float64")).astype("float32")
+    dtype = "float64" if float64 else "float32"
+    return (high.astype(dtype) / low.astype(dtype)).astype("float32")
 
 
 def build_point_grid(n_per_side: int) -> np.ndarray:
