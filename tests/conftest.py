@@ -38,3 +38,14 @@ def reference_dir() -> Path:
     if not d.is_dir():
         pytest.skip(f"reference checkpoint key lists not found at {d}")
     return d
+
+
+@pytest.fixture(scope="session")
+def bpe_path(reference_dir: Path) -> str:
+    """The official BPE vocabulary in ``shared/reference`` (the test skips without it)."""
+    from tests.helpers.sam3_ref import BPE_NAME
+
+    path = reference_dir / BPE_NAME
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return str(path)

@@ -27,7 +27,6 @@ from PIL import Image
 from paddle_sam.models.sam3 import box_ops
 from paddle_sam.models.sam3.build_sam3 import TRACKER_SETTINGS
 from tests.helpers.sam3_ref import (
-    BPE_NAME,
     assert_close,
     import_sam3,
     perturb_module_,
@@ -49,14 +48,6 @@ IMAGE_HW = [(90, 130), (64, 80)]
 
 
 # ---------------------------------------------------------------- predict_inst_batch
-
-
-@pytest.fixture(scope="module")
-def bpe_path(reference_dir):
-    path = reference_dir / BPE_NAME
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from paddle_sam.models.sam3.geometry_encoders import Prompt
 from paddle_sam.models.sam3.sam3_image import FindStage
 from paddle_sam.predict.sam3.processor import Sam3Processor, resize_uint8_antialias
 from tests.helpers.sam3_ref import (
-    BPE_NAME,
     assert_close,
     cpu_patches,
     import_sam3,
@@ -157,14 +156,6 @@ def build_reference(spec: Sam3Spec, bpe_path: str):
     model = mb._create_sam3_model(backbone, transformer, geo, seg, scoring, None, eval_mode=True)
     assert isinstance(model, Sam3Image)
     return model.eval()
-
-
-@pytest.fixture(scope="module")
-def bpe_path(reference_dir):
-    path = reference_dir / BPE_NAME
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

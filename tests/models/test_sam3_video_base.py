@@ -26,7 +26,7 @@ import paddle
 import pytest
 
 from paddle_sam.models.sam3.sam3_video_base import Sam3VideoBase
-from tests.helpers.sam3_ref import BPE_NAME, assert_close, assert_masks_close, to_numpy
+from tests.helpers.sam3_ref import assert_close, assert_masks_close, to_numpy
 from tests.helpers.sam3_video import (
     NUM_FRAMES,
     VIDEO_H,
@@ -37,14 +37,6 @@ from tests.helpers.sam3_video import (
     reference_patches,
     torch,
 )
-
-
-@pytest.fixture(scope="module")
-def bpe_path(reference_dir):
-    path = reference_dir / BPE_NAME
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ import pytest
 
 from paddle_sam.predict.sam3.video_predictor import Sam3VideoModel, Sam3VideoPredictor
 from paddle_sam.predict.video import open_video, preprocess_sam3_frame
-from tests.helpers.sam3_ref import BPE_NAME
 from tests.helpers.sam3_video import SETTINGS, SPEC, TEXT, make_parts, reference_patches
 from tests.helpers.video import scene, write_frames
 
@@ -52,14 +51,6 @@ PLAIN = dict(
     hotstart_dup_thresh=0,
     recondition_every_nth_frame=0,
 )
-
-
-@pytest.fixture(scope="module")
-def bpe_path(reference_dir):
-    path = reference_dir / BPE_NAME
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
