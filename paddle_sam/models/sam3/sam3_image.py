@@ -480,16 +480,20 @@ class Sam3Image(nn.Layer):
                 frame_buffer["tracker_backbone_pos_enc"] = vision_pos_enc
             multigpu_buffer[frame_idx_to_save] = frame_buffer
 
-    def predict_inst(self, inference_state: dict[str, Any], **kwargs: Any):
-        """SAM 1 style prediction (points, boxes, mask input) on the image of
-        ``inference_state`` (from ``Sam3Processor.set_image``); ``kwargs`` are those of
-        ``SAM3InteractiveImagePredictor.predict``. Returns ``(masks, ious, low_res_logits)``."""
-        predictor = self.inst_interactive_predictor
-        if predictor is None:
+    def _interactive_predictor(self) -> Any:
+        """The SAM 1 style predictor, or a ValueError saying how to build a model with one."""
+        if self.inst_interactive_predictor is None:
             raise ValueError(
                 "this model has no interactive predictor: build it with "
                 "enable_inst_interactivity=True"
             )
+        return self.inst_interactive_predictor
+
+    def predict_inst(self, inference_state: dict[str, Any], **kwargs: Any):
+        """SAM 1 style prediction (points, boxes, mask input) on the image of
+        ``inference_state`` (from ``Sam3Processor.set_image``); ``kwargs`` are those of
+        ``SAM3InteractiveImagePredictor.predict``. Returns ``(masks, ious, low_res_logits)``."""
+        predictor = self._interactive_predictor()
         backbone_out = inference_state.get("backbone_out", {}).get("sam2_backbone_out")
         if backbone_out is None or "original_height" not in inference_state:
             raise ValueError("predict_inst needs a state from Sam3Processor.set_image")
@@ -507,12 +511,7 @@ class Sam3Image(nn.Layer):
         ``point_labels_batch``, ``box_batch``, ``mask_input_batch``: one entry per image, or
         None; ``multimask_output``, ``return_logits``, ``normalize_coords``). Returns
         ``(masks, ious, low_res_logits)``, three lists with one entry per image."""
-        predictor = self.inst_interactive_predictor
-        if predictor is None:
-            raise ValueError(
-                "this model has no interactive predictor: build it with "
-                "enable_inst_interactivity=True"
-            )
+        predictor = self._interactive_predictor()
         backbone_out = inference_state.get("backbone_out", {}).get("sam2_backbone_out")
         if backbone_out is None or "original_heights" not in inference_state:
             raise ValueError("predict_inst_batch needs a state from Sam3Processor.set_image_batch")
