@@ -9,7 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from .common import add_model_args, bounded, load_model, prepare_out, read_image, write_masks
+from .common import (
+    add_model_args,
+    bounded,
+    check_one_source,
+    exported_predictor,
+    load_model,
+    prepare_out,
+    read_image,
+    write_masks,
+)
 
 # sane bounds: a 128 x 128 grid is 16k prompts per crop (upstream's default is 32); 4096
 # prompts at once already hold gigabytes of low-res masks; 4 crop layers are 341 crops
@@ -23,11 +32,19 @@ def cmd_everything(args: argparse.Namespace) -> int:
     from ..predict.io import coco_rle, overlay
     from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
+    check_one_source(args)
+    if args.exported is not None:
+        model = exported_predictor(args.exported)
+        if not hasattr(model, "predict_point_grid"):
+            raise ValueError(
+                f"--exported {args.exported}: 'everything' runs on a Paddle Inference export "
+                "of SAM v1 (paddle-sam export --format pir), not on this one"
+            )
     image = read_image(args.image, args.command)
     out = Path(args.output)
     prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
     generator = SamAutomaticMaskGenerator(
-        load_model(args),
+        load_model(args) if args.exported is None else model,
         points_per_side=args.points_per_side,
         points_per_batch=args.points_per_batch,
         pred_iou_thresh=args.pred_iou_thresh,
@@ -117,4 +134,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(e)
+    e.add_argument(
+        "--exported",
+        default=None,
+        metavar="DIR",
+        help="run on a 'paddle-sam export' folder (Paddle Inference) instead of --checkpoint",
+    )
     e.set_defaults(func=cmd_everything)

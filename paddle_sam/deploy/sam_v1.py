@@ -229,7 +229,8 @@ class ExportedSamPredictor(PredictorBase):
         self.input_size = tuple(int(v) for v in input_image.shape[:2])
         self.is_image_set = True
 
-    def _decode(self, coords, labels, box, mask_input, multimask_output, return_logits):
+    def _feeds(self, coords, labels, box, mask_input) -> dict[str, np.ndarray]:
+        """The decoder programs' inputs for one prompt (resized frame)."""
         pts, lbl = [], []
         if coords is not None:
             pts.append(np.asarray(coords, np.float32).reshape(-1, 2))
@@ -245,13 +246,16 @@ class ExportedSamPredictor(PredictorBase):
         has_mask = mask_input is not None
         if not has_mask:
             mask_input = np.zeros((1, *self.mask_input_size), np.float32)
-        feeds = {
+        return {
             "image_embeddings": self.features,
             "point_coords": np.concatenate(pts)[None],
             "point_labels": np.concatenate(lbl)[None],
             "mask_input": np.asarray(mask_input, np.float32)[None],
             "has_mask_input": np.array([1.0 if has_mask else 0.0], np.float32),
         }
+
+    def _decode(self, coords, labels, box, mask_input, multimask_output, return_logits):
+        feeds = self._feeds(coords, labels, box, mask_input)
         masks, iou, low_res = self._run_decoder(feeds, multimask_output)
         if not return_logits:
             masks = masks > self.mask_threshold
@@ -391,7 +395,8 @@ class StaticSamPredictor(ExportedSamPredictor):
             predictor.clear_intermediate_tensor()
             predictor.try_shrink_memory()
 
-    def _run_decoder(self, feeds, multimask_output):
+    def _run_low_res(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """IoU predictions 1 x M and low-res logits 1 x M x h x w of all M mask tokens."""
         tokens = 1 + int(self.manifest["num_mask_tokens"]) + feeds["point_labels"].shape[1]
         few = (
             self.image_terms is not None
@@ -401,8 +406,30 @@ class StaticSamPredictor(ExportedSamPredictor):
         if few:
             feeds = {**self.image_terms, **feeds}
         iou, low_res = run_predictor(self._decoder_few if few else self._decoder, feeds)
+        return iou, low_res
+
+    def _run_decoder(self, feeds, multimask_output):
+        iou, low_res = self._run_low_res(feeds)
         sl = slice(1, None) if multimask_output else slice(0, 1)
         iou, low_res = iou[0, sl], low_res[:, sl]
         # the dynamic model's own upscaling, on the masks kept only
         masks = postprocess_masks(low_res, self.input_size, self.original_size, self.image_size)
         return masks[0], iou, low_res[0]
+
+    def predict_point_grid(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``SamPredictor.predict_point_grid``: one positive point per prompt (N x 2, resized
+        frame) -> IoU N x 3 and low-res logits N x 3 x h x w of the multimask outputs, not
+        upscaled; one program run per point (the few-token program when exported)."""
+        self._require_image()
+        pts = np.asarray(points, np.float32).reshape(-1, 2)
+        ious, lows = [], []
+        for point in pts:
+            iou, low_res = self._run_low_res(
+                self._feeds(point[None], np.ones(1, np.float32), None, None)
+            )
+            ious.append(iou[0, 1:])
+            lows.append(low_res[0, 1:])
+        h, w = self.mask_input_size
+        if not ious:
+            return np.zeros((0, 3), np.float32), np.zeros((0, 3, h, w), np.float32)
+        return np.stack(ious), np.stack(lows)

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import paddle
@@ -36,7 +34,13 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.static import InputSpec
 
-from ..models.sam_v1.sam import Sam
+from ..models.sam_v1.sam import (  # noqa: F401 (decoder_formulation, few_tokens_max: export API)
+    Sam,
+    decode_from_image_terms,
+    decoder_formulation,
+    decoder_image_terms,
+    few_tokens_max,
+)
 
 EXPORT_FORMAT = "paddle-sam/sam_v1-static"
 # 2: the Paddle Inference decoder returns low-res logits; the runtime upscales what it keeps
@@ -146,13 +150,14 @@ class DecoderImageTerms(nn.Layer):
     def __init__(self, sam: Sam) -> None:
         super().__init__()
         self.prompt_encoder = sam.prompt_encoder
-        self.transformer = sam.mask_decoder.transformer
+        self.mask_decoder = sam.mask_decoder
         with paddle.no_grad():
             self.register_buffer("dense_pe", self.prompt_encoder.get_dense_pe().detach())
 
     def forward(self, image_embeddings: paddle.Tensor) -> list[paddle.Tensor]:
-        no_mask = self.prompt_encoder.no_mask_embed.weight.reshape([1, -1, 1, 1])
-        return self.transformer.image_terms(image_embeddings + no_mask, self.dense_pe)
+        return decoder_image_terms(
+            self.prompt_encoder, self.mask_decoder, image_embeddings, self.dense_pe
+        )
 
 
 class FewTokenDecoder(_WithGemmWeights):
@@ -181,14 +186,16 @@ class FewTokenDecoder(_WithGemmWeights):
         point_coords: paddle.Tensor,
         point_labels: paddle.Tensor,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        md = self.mask_decoder
-        sparse = self.prompt_encoder._embed_points(point_coords, point_labels, pad=False)
-        tokens = md.prompt_tokens(sparse)
         terms = [image_tokens, token_to_image_keys, token_to_image_values, image_to_token_queries]
-        hs, src = md.transformer.forward_from_image_terms(terms, self.key_pe, tokens)
-        h, w = self.prompt_encoder.image_embedding_size
-        low_res, iou = md.output_heads(hs, src, h, w, self._gemm_weights())
-        return iou, low_res
+        return decode_from_image_terms(
+            self.prompt_encoder,
+            self.mask_decoder,
+            terms,
+            self.key_pe,
+            point_coords,
+            point_labels,
+            self._gemm_weights(),
+        )
 
 
 def image_terms_shapes(sam: Sam) -> dict[str, list[int]]:
@@ -222,35 +229,6 @@ def decoder_input_spec(spec, upscale: bool) -> list[InputSpec]:
     if upscale:
         inputs.append(InputSpec([2], "int64", "orig_im_size"))
     return inputs
-
-
-@contextmanager
-def decoder_formulation(sam: Sam, *, few_tokens: bool, channels_last: bool) -> Iterator[None]:
-    """Within the block, ``sam``'s mask decoder computes the same function in the faster
-    forms: cross-attention reassociated for few prompt tokens, output upscaling as per-token
-    GEMMs (``MaskDecoder._masks_channels_last``). Restored on exit."""
-    md = sam.mask_decoder
-    t = md.transformer
-    sides = [(layer.cross_attn_token_to_image, "query") for layer in t.layers]
-    sides += [(layer.cross_attn_image_to_token, "key") for layer in t.layers]
-    sides.append((t.final_attn_token_to_image, "query"))
-    saved = [a.few_tokens for a, _ in sides], md.channels_last_upscaling
-    try:
-        for attn, side in sides:
-            attn.few_tokens = side if few_tokens else None
-        md.channels_last_upscaling = channels_last
-        yield
-    finally:
-        for (attn, _), old in zip(sides, saved[0], strict=True):
-            attn.few_tokens = old
-        md.channels_last_upscaling = saved[1]
-
-
-def few_tokens_max(sam: Sam) -> int:
-    """Most tokens (output tokens + prompt points) for which the reassociated attention does
-    less work: h * N <= internal_dim, i.e. N <= channels per head."""
-    attn = sam.mask_decoder.transformer.final_attn_token_to_image
-    return attn.internal_dim // attn.num_heads
 
 
 def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> None:

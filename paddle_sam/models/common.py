@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import threading
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,6 +17,34 @@ def can_be_inplace(x: paddle.Tensor) -> bool:
     """Dygraph inference: nothing will differentiate through ``x``, so an op may overwrite it
     (static graphs plan their own memory reuse)."""
     return paddle.in_dynamic_mode() and not (paddle.is_grad_enabled() and not x.stop_gradient)
+
+
+_worker_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_worker_pool_threads = 0
+_worker_pool_lock = threading.Lock()
+
+
+def _one_thread_per_worker() -> None:
+    from .._runtime import set_local_threads
+
+    set_local_threads(1)
+
+
+def worker_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` Python threads whose MKL GEMMs and OpenMP regions run
+    on one thread each, for splitting dygraph inference work between threads on the CPU:
+    Paddle's ops release the GIL, and its CPU elementwise kernels (softmax, adds, casts,
+    layer norms) run on one thread whatever the thread count."""
+    global _worker_pool, _worker_pool_threads
+    with _worker_pool_lock:
+        if _worker_pool is None or _worker_pool_threads != workers:
+            if _worker_pool is not None:
+                _worker_pool.shutdown(wait=False)
+            _worker_pool = concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix="paddle-sam-worker", initializer=_one_thread_per_worker
+            )
+            _worker_pool_threads = workers
+        return _worker_pool
 
 
 def resize_bilinear(x: paddle.Tensor, size: tuple[int, int] | list[int]) -> paddle.Tensor:

@@ -272,6 +272,35 @@ def test_everything(tiny_ckpt, image_png, work, capsys):
     assert sorted(p.name for p in (out / "masks").iterdir()) == [f"{i:04d}.png" for i in range(n)]
 
 
+def test_everything_on_an_export(tiny_ckpt, image_png, work, capsys):
+    """``everything --exported DIR`` (Paddle Inference) writes what --checkpoint writes."""
+    export_dir = work / "everything_export"
+    assert run(["export", "--checkpoint", tiny_ckpt, "-o", export_dir]) == 0
+    thresholds = ["--pred-iou-thresh", "0", "--stability-score-thresh", "0"]
+    docs = []
+    for name, source in (
+        ("ckpt", ["--checkpoint", tiny_ckpt]),
+        ("pir", ["--exported", export_dir]),
+    ):
+        out = work / f"everything_{name}"
+        argv = ["everything", image_png, *source, "-o", out, "--quiet", "--points-per-side", "4"]
+        assert run([*argv, *thresholds]) == 0
+        docs.append(json.loads((out / "annotations.json").read_text())["annotations"])
+    dynamic, static = docs
+    assert len(static) == len(dynamic) > 0
+    for a, b in zip(static, dynamic, strict=True):
+        assert a["point_coords"] == b["point_coords"]
+        assert abs(a["predicted_iou"] - b["predicted_iou"]) < 1e-4
+        assert abs(a["area"] - b["area"]) <= 1 + 1e-3 * b["area"]
+    capsys.readouterr()
+    # both sources, or a folder that is not a SAM v1 Paddle Inference export: one-line errors
+    both = ["everything", image_png, "-o", work / "x", "--checkpoint", tiny_ckpt]
+    assert_user_error(capsys, [*both, "--exported", export_dir], "--checkpoint or --exported")
+    assert_user_error(
+        capsys, ["everything", image_png, "-o", work / "x", "--exported", work / "nope"], "nope"
+    )
+
+
 def test_everything_argument_errors(tiny_ckpt, image_png, tmp_path, capsys):
     out = tmp_path / "o"
     assert_user_error(

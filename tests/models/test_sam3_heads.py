@@ -111,7 +111,7 @@ def test_multihead_attention_masks(block, monkeypatch):
             assert_close(r, o, max_abs=1e-5, name=f"mha batch_first={batch_first} {list(kw)}")
     if threads is not None:  # 3 workers for every call (B x heads x 5 rows x 7 keys each)
         assert len(threads) == 3 * 2 * len(masks)
-        assert all(name.startswith("paddle-sam-attention") for name in threads)
+        assert all(name.startswith("paddle-sam-worker") for name in threads)
 
 
 def test_dot_product_scoring_and_mlp():

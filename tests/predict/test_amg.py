@@ -507,7 +507,8 @@ def _synthetic_decoder(coords_in: np.ndarray, original_size, input_size):
 def test_generate_logic_matches_upstream_exactly(
     sam_pair, test_image, cv2_module, monkeypatch, crop_n_layers, min_area, mode
 ):
-    """Both generators on the same synthetic decoder output: every record must be identical."""
+    """Both generators on the same synthetic decoder output: every record must be identical
+    (the filters, their order, NMS, crops, RLEs; the upscaling is the identity here)."""
     import torch
     from segment_anything import SamAutomaticMaskGenerator as RefGenerator
     from segment_anything.predictor import SamPredictor as RefPredictor
@@ -528,22 +529,17 @@ def test_generate_logic_matches_upstream_exactly(
         logits, iou = _synthetic_decoder(point_coords.numpy(), self.original_size, self.input_size)
         return torch.from_numpy(logits), torch.from_numpy(iou), None
 
-    def our_predict(
-        self,
-        point_coords,
-        point_labels,
-        boxes=None,
-        mask_input=None,
-        multimask_output=True,
-        return_logits=False,
-    ):
-        assert multimask_output and return_logits and list(point_coords.shape[1:]) == [1, 2]
-        assert point_labels.numpy().tolist() == [[1]] * point_coords.shape[0]
-        logits, iou = _synthetic_decoder(point_coords.numpy(), self.original_size, self.input_size)
-        return paddle.to_tensor(logits), paddle.to_tensor(iou), None
+    def our_point_grid(self, points):
+        # the synthetic logits are already at the crop's size: the upscaling is the identity
+        assert points.ndim == 2 and points.shape[1] == 2
+        logits, iou = _synthetic_decoder(points[:, None], self.original_size, self.input_size)
+        return iou, logits
 
     monkeypatch.setattr(RefPredictor, "predict_torch", ref_predict)
-    monkeypatch.setattr(SamPredictor, "predict_paddle", our_predict)
+    monkeypatch.setattr(SamPredictor, "predict_point_grid", our_point_grid)
+    monkeypatch.setattr(
+        SamAutomaticMaskGenerator, "_upscale_masks", lambda _, m: paddle.to_tensor(m)
+    )
     torch_sam, paddle_sam_model = sam_pair
     kwargs = dict(
         points_per_side=8,
@@ -635,3 +631,106 @@ def test_generator_argument_errors(sam_pair):
         gen.generate(np.zeros((32, 32, 3), np.float32))
     with pytest.raises(ValueError, match="4"):
         gen.generate(np.zeros((32, 32, 4), np.uint8))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_point_grid_decoder_equals_predict_paddle(sam_pair, test_image, monkeypatch, threads):
+    """``predict_point_grid`` (image terms, reassociated attention, prompts on worker threads)
+    computes what ``predict_paddle`` computes for one positive point per prompt."""
+    import threading
+
+    import paddle_sam._runtime as runtime
+    from paddle_sam.models.sam_v1 import sam as sam_module
+    from paddle_sam.predict.sam_v1 import predictor as predictor_module
+    from paddle_sam.predict.sam_v1.predictor import SamPredictor
+
+    _, model = sam_pair
+    monkeypatch.setattr(runtime, "get_num_threads", lambda: threads)
+    names: list[str] = []
+    real = sam_module.decode_from_image_terms
+
+    def counted(*args):
+        names.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(predictor_module, "decode_from_image_terms", counted)
+    p = SamPredictor(model)
+    p.set_image(test_image)
+    rng = np.random.default_rng(5)
+    pts = rng.uniform(0, 1, (7, 2)) * np.array(p.input_size[::-1]) - 0.5
+    iou, low_res = p.predict_point_grid(pts)
+    assert iou.shape == (7, 3) and low_res.shape == (7, 3, *p.mask_input_size)
+    with paddle.no_grad():
+        _, ref_iou, ref_low = p.predict_paddle(
+            paddle.to_tensor(pts[:, None], dtype="float32"),
+            paddle.ones([7, 1], "int32"),
+            multimask_output=True,
+        )
+    np.testing.assert_allclose(iou, ref_iou.numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(low_res, ref_low.numpy(), rtol=0, atol=1e-4)
+    assert len(names) == 7  # one prompt per call
+    if threads > 1:
+        assert all(n.startswith("paddle-sam-worker") for n in names), names
+    else:
+        assert set(names) == {threading.current_thread().name}
+    # the per-image terms are kept for this image only
+    terms = p._point_grid_terms()
+    assert p._point_grid_terms()[0] is terms[0]
+    p.set_image(test_image[::-1].copy())
+    assert p._point_grid_terms()[0] is not terms[0]
+    # a decoder whose attention would not gain from the few-token form: upstream's form
+    monkeypatch.setattr(predictor_module, "few_tokens_max", lambda sam: 0)
+    names.clear()
+    iou2, low2 = p.predict_point_grid(pts)
+    assert names == []
+    with paddle.no_grad():
+        _, ref_iou, ref_low = p.predict_paddle(
+            paddle.to_tensor(pts[:, None], dtype="float32"),
+            paddle.ones([7, 1], "int32"),
+            multimask_output=True,
+        )
+    np.testing.assert_array_equal(iou2, ref_iou.numpy())
+    np.testing.assert_array_equal(low2, ref_low.numpy())
+
+
+def test_generate_on_exported_runtime_matches_upstream(
+    sam_pair, test_image, cv2_module, tmp_path_factory
+):
+    """The generator on ``StaticSamPredictor`` (Paddle Inference) gives upstream's records."""
+    from segment_anything import SamAutomaticMaskGenerator as RefGenerator
+
+    from paddle_sam.deploy import StaticSamPredictor
+    from paddle_sam.export.sam_v1 import export_sam
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+
+    torch_sam, model = sam_pair
+    d = tmp_path_factory.mktemp("amg_export") / "tiny"
+    export_sam(model, d, model_type="tiny")
+    kwargs = dict(
+        points_per_side=4,
+        points_per_batch=6,
+        pred_iou_thresh=0.0,
+        stability_score_thresh=0.0,
+        stability_score_offset=0.05,
+        box_nms_thresh=1.0,
+        crop_nms_thresh=1.0,
+        crop_n_layers=1,
+        crop_n_points_downscale_factor=2,
+        output_mode="uncompressed_rle",
+    )
+    ref = RefGenerator(torch_sam, **kwargs).generate(test_image)
+    static = StaticSamPredictor(d)
+    ours = SamAutomaticMaskGenerator(static, **kwargs).generate(test_image)
+    assert len(ref) >= 40
+    _compare_records(ours, ref, "uncompressed_rle")
+
+
+def test_generator_refuses_a_predictor_without_point_grid(sam_pair):
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+
+    class Clicks:
+        def set_image(self, image):
+            pass
+
+    with pytest.raises(TypeError, match="predict_point_grid.*Clicks has none"):
+        SamAutomaticMaskGenerator(Clicks())

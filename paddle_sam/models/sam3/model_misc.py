@@ -7,11 +7,9 @@ projections; the converter splits torch's fused ``in_proj_weight`` into them.
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
 import functools
 import math
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -19,7 +17,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from ..common import Linear, can_be_inplace
+from ..common import Linear, can_be_inplace, worker_pool
 
 
 def inverse_sigmoid(x: paddle.Tensor, eps: float = 1e-3) -> paddle.Tensor:
@@ -136,17 +134,6 @@ def _as_additive(mask: paddle.Tensor, dtype: paddle.dtype) -> paddle.Tensor:
     return mask.astype(dtype)
 
 
-_row_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_row_pool_threads = 0
-_row_pool_lock = threading.Lock()
-
-
-def _one_thread_per_worker() -> None:
-    from ..._runtime import set_local_threads
-
-    set_local_threads(1)
-
-
 def _row_workers(rows: int, scores: int, x: paddle.Tensor) -> int:
     """How many threads an attention of ``scores`` scores in ``rows`` query rows runs on (1:
     the calling thread, as it is): dygraph inference on the CPU with several threads."""
@@ -157,21 +144,6 @@ def _row_workers(rows: int, scores: int, x: paddle.Tensor) -> int:
     from ..._runtime import get_num_threads
 
     return max(1, min(rows, get_num_threads() or 1))
-
-
-def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    global _row_pool, _row_pool_threads
-    with _row_pool_lock:
-        if _row_pool is None or _row_pool_threads != workers:
-            if _row_pool is not None:
-                _row_pool.shutdown(wait=False)
-            _row_pool = concurrent.futures.ThreadPoolExecutor(
-                workers,
-                thread_name_prefix="paddle-sam-attention",
-                initializer=_one_thread_per_worker,
-            )
-            _row_pool_threads = workers
-        return _row_pool
 
 
 def attend_in_row_blocks(
@@ -204,7 +176,7 @@ def attend_in_row_blocks(
         return _attend_blocks(q, k, v, mask, dropout_p, 0, n_q, step)
     bounds = np.linspace(0, n_q, workers + 1).round().astype(int)
     futures = [
-        _pool(workers).submit(_attend_blocks, q, k, v, mask, dropout_p, int(a), int(b), step)
+        worker_pool(workers).submit(_attend_blocks, q, k, v, mask, dropout_p, int(a), int(b), step)
         for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     ]
     return paddle.concat([f.result() for f in futures], axis=-2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -252,3 +254,73 @@ def postprocess_masks(
     if tuple(original_size) == tuple(masks.shape[-2:]):
         return masks  # bilinear resampling to the same size is the identity
     return resize(masks, original_size)
+
+
+# -- the mask decoder from per-image terms (the same function, less work per prompt) --
+
+
+def decoder_image_terms(
+    prompt_encoder: PromptEncoder,
+    mask_decoder: MaskDecoder,
+    image_embeddings: paddle.Tensor,
+    dense_pe: paddle.Tensor,
+) -> list[paddle.Tensor]:
+    """What the mask decoder derives from the image alone for a prompt without mask input
+    (1 x C x h x w embedding, its dense PE): the image tokens with the no-mask embedding
+    added and the first transformer block's projections of them
+    (``TwoWayTransformer.image_terms``); the input of :func:`decode_from_image_terms`."""
+    no_mask = prompt_encoder.no_mask_embed.weight.reshape([1, -1, 1, 1])
+    return mask_decoder.transformer.image_terms(image_embeddings + no_mask, dense_pe)
+
+
+def decode_from_image_terms(
+    prompt_encoder: PromptEncoder,
+    mask_decoder: MaskDecoder,
+    image_terms: list[paddle.Tensor],
+    key_pe: paddle.Tensor,
+    point_coords: paddle.Tensor,
+    point_labels: paddle.Tensor,
+    gemm_weights: dict[str, list[paddle.Tensor]] | None = None,
+) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The prompt encoder and mask decoder for points only (B x N x 2 in the resized frame,
+    padding included; labels B x N) from :func:`decoder_image_terms`; key_pe: the dense PE as
+    tokens (1 x hw x C). Returns IoU predictions B x M and low-res logits B x M x 4h x 4w for
+    all M mask tokens (the single mask first). Inside :func:`decoder_formulation` with
+    ``few_tokens=True`` the attention runs reassociated for the few tokens."""
+    sparse = prompt_encoder._embed_points(point_coords, point_labels, pad=False)
+    tokens = mask_decoder.prompt_tokens(sparse)
+    hs, src = mask_decoder.transformer.forward_from_image_terms(image_terms, key_pe, tokens)
+    h, w = prompt_encoder.image_embedding_size
+    low_res, iou = mask_decoder.output_heads(hs, src, h, w, gemm_weights)
+    return iou, low_res
+
+
+@contextmanager
+def decoder_formulation(sam: Sam, *, few_tokens: bool, channels_last: bool) -> Iterator[None]:
+    """Within the block, ``sam``'s mask decoder computes the same function in the faster
+    forms: cross-attention reassociated for few prompt tokens, output upscaling as per-token
+    GEMMs (``MaskDecoder._masks_channels_last``). Restored on exit. It sets attributes of the
+    model's layers: other threads using the same model meanwhile compute in these forms too
+    (the same function, rounded differently)."""
+    md = sam.mask_decoder
+    t = md.transformer
+    sides = [(layer.cross_attn_token_to_image, "query") for layer in t.layers]
+    sides += [(layer.cross_attn_image_to_token, "key") for layer in t.layers]
+    sides.append((t.final_attn_token_to_image, "query"))
+    saved = [a.few_tokens for a, _ in sides], md.channels_last_upscaling
+    try:
+        for attn, side in sides:
+            attn.few_tokens = side if few_tokens else None
+        md.channels_last_upscaling = channels_last
+        yield
+    finally:
+        for (attn, _), old in zip(sides, saved[0], strict=True):
+            attn.few_tokens = old
+        md.channels_last_upscaling = saved[1]
+
+
+def few_tokens_max(sam: Sam) -> int:
+    """Most tokens (output tokens + prompt points) for which the reassociated attention does
+    less work: h * N <= internal_dim, i.e. N <= channels per head."""
+    attn = sam.mask_decoder.transformer.final_attn_token_to_image
+    return attn.internal_dim // attn.num_heads

@@ -4,6 +4,12 @@ A grid of single-point prompts is run over the image (and optionally over overla
 masks are filtered by predicted IoU and stability, deduplicated by box NMS within and across
 crops, optionally cleaned of small holes and islands, and returned as records in upstream's
 format and order.
+
+Upstream's results with less work: the predicted IoU does not depend on the upscaling, so the
+IoU filter runs on the low-res logits and only the masks that pass it are upscaled to the image
+(upsampling each mask is independent of the others), and the decoder runs in the faster forms
+of the exported runtime (``predict_point_grid``). The model may also be an exported runtime
+(``StaticSamPredictor``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 import numpy as np
 import paddle
 
+from ...models.sam_v1.sam import postprocess_masks
 from .amg_utils import (
     MaskData,
     area_from_rle,
@@ -58,7 +65,9 @@ class SamAutomaticMaskGenerator:
         """Generate masks for a whole image with a SAM model.
 
         Arguments (as upstream):
-          model: the SAM model (``paddle_sam.models.Sam``).
+          model: the SAM model (``paddle_sam.models.Sam``), or a predictor that has
+            ``predict_point_grid`` (``SamPredictor``, or the exported runtime
+            ``paddle_sam.deploy.sam_v1.StaticSamPredictor``).
           points_per_side: points sampled along each side of the image (points_per_side**2 in
             all); None when ``point_grids`` gives the points explicitly.
           points_per_batch: points run through the mask decoder at once.
@@ -116,7 +125,20 @@ class SamAutomaticMaskGenerator:
 
         from .predictor import SamPredictor
 
-        self.predictor = SamPredictor(model)
+        if hasattr(model, "predict_point_grid"):
+            self.predictor = model
+        elif hasattr(model, "set_image"):
+            raise TypeError(
+                f"SamAutomaticMaskGenerator needs a Sam model or a predictor with "
+                f"predict_point_grid (SamPredictor, StaticSamPredictor); "
+                f"{type(model).__name__} has none"
+            )
+        else:
+            self.predictor = SamPredictor(model)
+        threshold = getattr(self.predictor, "mask_threshold", None)  # the exported runtimes'
+        if threshold is None:
+            threshold = self.predictor.model.mask_threshold
+        self.mask_threshold = float(threshold)
         self.points_per_batch = int(points_per_batch)
         self.pred_iou_thresh = pred_iou_thresh
         self.stability_score_thresh = stability_score_thresh
@@ -271,26 +293,24 @@ class SamAutomaticMaskGenerator:
         orig_h, orig_w = orig_size
 
         transformed = self.predictor.transform.apply_coords(points, im_size)
-        in_points = paddle.to_tensor(transformed)
-        in_labels = paddle.ones([in_points.shape[0]], dtype="int32")
-        masks, iou_preds, _ = self.predictor.predict_paddle(
-            in_points[:, None, :],
-            in_labels[:, None],
-            multimask_output=True,
-            return_logits=True,
-        )
+        iou_preds, low_res = self.predictor.predict_point_grid(transformed)
+        n, c = iou_preds.shape
+        iou_preds = iou_preds.reshape(n * c)
+        low_res = low_res.reshape(n * c, *low_res.shape[2:])
+        points = np.repeat(points, c, axis=0)
 
-        data = MaskData(
-            masks=masks.flatten(0, 1),
-            iou_preds=iou_preds.flatten(0, 1),
-            points=np.repeat(points, masks.shape[1], axis=0),
-        )
-        del masks
-
+        # the IoU filter before the upscaling: only the masks that pass it are upscaled
         if self.pred_iou_thresh > 0.0:
-            data.filter(data["iou_preds"] > self.pred_iou_thresh)
+            keep = np.flatnonzero(iou_preds > self.pred_iou_thresh)
+            iou_preds, low_res, points = iou_preds[keep], low_res[keep], points[keep]
+        data = MaskData(
+            masks=self._upscale_masks(low_res),
+            iou_preds=paddle.to_tensor(iou_preds),
+            points=points,
+        )
+        del low_res
 
-        mask_threshold = self.predictor.model.mask_threshold
+        mask_threshold = self.mask_threshold
         data["stability_score"] = calculate_stability_score(
             data["masks"], mask_threshold, self.stability_score_offset
         )
@@ -309,6 +329,17 @@ class SamAutomaticMaskGenerator:
         data["rles"] = mask_to_rle_paddle(data["masks"])
         del data["masks"]
         return data
+
+    def _upscale_masks(self, low_res: np.ndarray) -> paddle.Tensor:
+        """Low-res logits (K x h x w) -> logits at the current image's size, on the model's
+        device (the dynamic model's own ``postprocess_masks``)."""
+        p = self.predictor
+        model = getattr(p, "model", None)
+        size = p.transform.target_length
+        if model is not None and not model.pixel_mean.place.is_cpu_place():
+            x = paddle.to_tensor(low_res, place=model.pixel_mean.place)
+            return postprocess_masks(x, p.input_size, p.original_size, size)
+        return paddle.to_tensor(postprocess_masks(low_res, p.input_size, p.original_size, size))
 
     @staticmethod
     def postprocess_small_regions(

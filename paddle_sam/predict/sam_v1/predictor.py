@@ -10,7 +10,15 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from ...models.sam_v1.sam import Sam, as_paddle
+from ...models.common import worker_pool
+from ...models.sam_v1.sam import (
+    Sam,
+    as_paddle,
+    decode_from_image_terms,
+    decoder_formulation,
+    decoder_image_terms,
+    few_tokens_max,
+)
 from .transforms import ResizeLongestSide
 
 
@@ -293,6 +301,77 @@ class SamPredictor(PredictorBase):
 
     predict_torch = predict_paddle
 
+    @paddle.no_grad()
+    def predict_point_grid(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One positive point per prompt, as the automatic mask generator asks: points N x 2
+        in the resized frame -> IoU predictions N x 3 and low-res logits N x 3 x h x w
+        (numpy) of the three multimask outputs, not upscaled (the generator upscales only
+        the masks it keeps).
+
+        The same function as ``predict_paddle(points[:, None], ones, multimask_output=True)``
+        (rounded differently, ~1e-7), in the decoder's faster forms, as the exported runtime
+        computes it: the image's own terms once per image, the attention reassociated for
+        the few tokens, the upscaling as per-token GEMMs. On the CPU the prompts run one at
+        a time on each of Paddle's threads: its elementwise CPU kernels use one thread each,
+        and one prompt's tensors stay in cache (a batch of 64 ran 1.6x slower per prompt).
+        """
+        self._require_image()
+        pts = np.asarray(points, np.float32).reshape(-1, 2)
+        sam, n = self.model, len(pts)
+        place = sam.pixel_mean.place
+        md, pe = sam.mask_decoder, sam.prompt_encoder
+        if 1 + md.num_mask_tokens + 2 > few_tokens_max(sam):  # more tokens than pay off
+            coords = paddle.to_tensor(pts[:, None], place=place)
+            masks, iou, low_res = self.predict_paddle(
+                coords, paddle.ones([n, 1], "int32"), multimask_output=True, return_logits=True
+            )
+            return iou.numpy(), low_res.numpy()
+        terms, key_pe, gemm = self._point_grid_terms()
+        # the point and upstream's padding point (label -1) of a prompt without a box
+        coords = np.stack([pts, np.zeros_like(pts)], axis=1)
+        coords_t = paddle.to_tensor(coords, place=place)
+        labels_t = paddle.to_tensor(np.tile(np.float32([1, -1]), (n, 1)), place=place)
+
+        def run(begin: int, end: int, step: int) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+            with paddle.no_grad():
+                return [
+                    decode_from_image_terms(
+                        pe, md, terms, key_pe, coords_t[i : i + step], labels_t[i : i + step], gemm
+                    )
+                    for i in range(begin, end, step)
+                ]
+
+        from ..._runtime import get_num_threads
+
+        workers = min(n, get_num_threads() or 1) if place.is_cpu_place() else 1
+        with decoder_formulation(sam, few_tokens=True, channels_last=True):
+            if workers <= 1:
+                outs = run(0, n, 1 if place.is_cpu_place() else n)
+            else:
+                bounds = np.linspace(0, n, workers + 1).round().astype(int)
+                futures = [
+                    worker_pool(workers).submit(run, int(a), int(b), 1)
+                    for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+                ]
+                outs = [out for f in futures for out in f.result()]
+        iou = paddle.concat([o[0] for o in outs])[:, 1:]
+        low_res = paddle.concat([o[1] for o in outs])[:, 1:]
+        return iou.numpy(), low_res.numpy()
+
+    def _point_grid_terms(self) -> tuple[list[paddle.Tensor], paddle.Tensor, dict]:
+        """The decoder's per-image terms of the current image (kept while its embedding is
+        the same object), the image PE as tokens and the output heads' GEMM weights."""
+        cached = self._grid_terms
+        if cached is None or cached[0] is not self.features:
+            sam = self.model
+            terms = decoder_image_terms(
+                sam.prompt_encoder, sam.mask_decoder, self.features, self.dense_pe
+            )
+            key_pe = self.dense_pe.flatten(2).transpose([0, 2, 1])
+            cached = (self.features, terms, key_pe, sam.mask_decoder.gemm_weights())
+            self._grid_terms = cached
+        return cached[1], cached[2], cached[3]
+
     def get_image_embedding(self) -> paddle.Tensor:
         """The current image's embedding: 1 x C x H x W (C = 256, H = W = 64 for SAM)."""
         self._require_image()
@@ -301,6 +380,7 @@ class SamPredictor(PredictorBase):
     def reset_image(self) -> None:
         super().reset_image()
         self.dense_pe = None
+        self._grid_terms = None
         if self.device.startswith("cuda"):
             # long-running processes: hand the previous image's blocks back to the device
             paddle.device.cuda.empty_cache()
