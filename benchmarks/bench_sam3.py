@@ -385,9 +385,20 @@ def write_outputs(out_dir: Path, stem: str, summary, info, rows, lines) -> tuple
 def parent_main(args) -> None:
     started = dt.datetime.now().astimezone()
     with tempfile.TemporaryDirectory(prefix="bench_sam3_") as tmp:
-        print(f"writing full-size SAM 3 weights to {tmp}", file=sys.stderr, flush=True)
-        prepare = ["--worker", "prepare", "--checkpoint", tmp, "--impl", ",".join(args.impl)]
-        weights = {k: Path(v) for k, v in run_child(prepare, "weights").items()}
+        work = Path(args.workdir) if args.workdir else Path(tmp)
+        done = work / "weights.json"
+        if done.is_file():  # {impl: path} of an earlier run (or written by hand)
+            weights = {k: Path(v) for k, v in json.loads(done.read_text()).items()}
+            print(f"reusing the weights listed in {done}", file=sys.stderr, flush=True)
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            print(f"writing full-size SAM 3 weights to {work}", file=sys.stderr, flush=True)
+            prepare = ["--worker", "prepare", "--checkpoint", str(work)]
+            weights = {
+                k: Path(v)
+                for k, v in run_child(prepare + ["--impl", ",".join(args.impl)], "weights").items()
+            }
+            done.write_text(json.dumps({k: str(v) for k, v in weights.items()}))
         runs = collect(args, weights)
     summary = summarise(runs)
     info = machine_info(args, runs, started)
@@ -423,6 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,static,torch"
     )
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="keep the prepared weights here (weights.json lists them) and reuse them later",
+    )
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     return p

@@ -14,7 +14,10 @@ hypernetworks' last layers are scaled up so that the mask logits are far from th
 ``.pdparams``, exported for the static column). Each implementation runs in its own process
 (interleaved over ``--rounds``) with the generator's defaults (32 x 32 points, 64 per batch,
 IoU 0.88, stability 0.95, box NMS 0.7); the time is ``generate(image)``, ``set_image``
-included. The masks of every implementation are compared with torch's, record by record.
+included. The masks of every implementation are compared with torch's, record by record, and
+again after an untimed run without box NMS on a 16 x 16 grid (``--check-points-per-side``):
+these random masks are large blobs, so NMS leaves few of them in the timed run.
+``--workdir DIR`` keeps the prepared weights (and the export) for later runs.
 
 This is a measurement, not a test: no thresholds, exit 0 whatever the ratios.
 """
@@ -104,10 +107,11 @@ def run_worker(args: argparse.Namespace) -> dict:
 
         import paddle_sam
         from paddle_sam import SamAutomaticMaskGenerator, sam_model_registry
+        from paddle_sam._runtime import get_num_threads
 
         if args.threads:
             paddle_sam.set_num_threads(args.threads)
-        threads = paddle_sam.get_num_threads()
+        threads = get_num_threads()
         if impl == "static":
             from paddle_sam.deploy import StaticSamPredictor
 
@@ -125,6 +129,17 @@ def run_worker(args: argparse.Namespace) -> dict:
         records = gen.generate(image)
         generate_s = time.perf_counter() - t
     _records(records, Path(args.records))
+    if args.check_points_per_side:
+        # untimed: the same generator without box NMS on a smaller grid, so that many masks
+        # (not only the few that survive NMS on these blob-like random masks) are compared
+        check = SamAutomaticMaskGenerator(
+            model,
+            points_per_side=args.check_points_per_side,
+            box_nms_thresh=1.0,
+            output_mode="uncompressed_rle",
+        )
+        with ctx:
+            _records(check.generate(image), Path(args.records + ".check.json"))
     return {
         "threads": threads,
         "load_s": load_s,
@@ -203,22 +218,34 @@ def parent_main(args: argparse.Namespace) -> None:
     checks: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench_everything_") as tmp:
         tmp_path = Path(tmp)
-        print(f"writing {args.model_type} weights to {tmp}", file=sys.stderr, flush=True)
-        prepare = ["--worker", "prepare", "--checkpoint", tmp, *common_argv(args)]
-        weights = base.run_child(prepare, "weights", __file__)
+        work = Path(args.workdir) if args.workdir else tmp_path
+        done = work / "weights.json"
+        if done.is_file():
+            weights = json.loads(done.read_text())
+            print(f"reusing the weights in {work}", file=sys.stderr, flush=True)
+        else:
+            work.mkdir(parents=True, exist_ok=True)
+            print(f"writing {args.model_type} weights to {work}", file=sys.stderr, flush=True)
+            prepare = ["--worker", "prepare", "--checkpoint", str(work), *common_argv(args)]
+            weights = base.run_child(prepare, "weights", __file__)
+            done.write_text(json.dumps(weights))
         for r in range(1, args.rounds + 1):
             for impl in args.impl:
-                records = tmp_path / f"{impl}_{r}.json"
+                records = tmp_path / f"{impl}_{r}.json"  # + ".check.json": the check run
                 argv = ["--worker", impl, "--checkpoint", weights[impl], "--records", str(records)]
                 load = os.getloadavg()[0]
                 res = base.run_child(argv + common_argv(args), f"round {r} {impl}", __file__)
                 rows[impl].append({**res, "load_avg_1min_before": load})
         if "torch" in args.impl:
-            ref = json.loads((tmp_path / "torch_1.json").read_text())
-            for impl in args.impl:
-                if impl != "torch":
-                    ours = json.loads((tmp_path / f"{impl}_1.json").read_text())
-                    checks[impl] = compare(ours, ref)
+            suffixes = [("", "")]
+            if args.check_points_per_side:
+                suffixes.append((".check.json", f", no NMS, {args.check_points_per_side}^2 points"))
+            for suffix, label in suffixes:
+                ref = json.loads((tmp_path / f"torch_1.json{suffix}").read_text())
+                for impl in args.impl:
+                    if impl != "torch":
+                        ours = json.loads((tmp_path / f"{impl}_1.json{suffix}").read_text())
+                        checks[f"{impl}{label}"] = compare(ours, ref)
     med = {
         impl: {
             k: statistics.median(r[k] for r in rs) for k in ("generate_s", "load_s", "peak_rss_mb")
@@ -295,6 +322,7 @@ def parent_main(args: argparse.Namespace) -> None:
 def common_argv(args: argparse.Namespace) -> list[str]:
     argv = ["--model-type", args.model_type, "--points-per-side", str(args.points_per_side)]
     argv += ["--size", args.size, "--impl", ",".join(args.impl)]
+    argv += ["--check-points-per-side", str(args.check_points_per_side)]
     return argv + (["--threads", str(args.threads)] if args.threads else [])
 
 
@@ -304,9 +332,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points-per-side", type=int, default=32)
     p.add_argument("--size", default="768x1024", help="image H x W (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--check-points-per-side",
+        type=int,
+        default=16,
+        help="after the timed run, an untimed one without box NMS on this grid whose masks are "
+        "compared too (0: none; default: %(default)s)",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--impl", type=base.parse_impls, default=IMPLS)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="keep the prepared weights here and reuse them in later runs (same settings)",
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", default=None, help=argparse.SUPPRESS)
     p.add_argument("--records", default=None, help=argparse.SUPPRESS)

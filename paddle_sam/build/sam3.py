@@ -18,7 +18,7 @@ from ..convert.checkpoint import (
     read_sam3_tracker_weights,
     read_sam3_weights,
 )
-from ..convert.core import load_state_strict, read_sidecar
+from ..convert.core import declared_parameters, load_state_strict, read_sidecar
 from ..models.sam3.build_sam3 import (
     SAM3_SPEC,
     Sam3Spec,
@@ -64,12 +64,13 @@ def build_sam3_image_model(
     _no_download(load_from_HF, checkpoint_path)
     if device is not None:
         paddle.set_device(device)
-    model = build_sam3_model(
-        spec,
-        tokenizer=SimpleTokenizer(bpe_path=bpe_path),
-        enable_segmentation=enable_segmentation,
-        enable_inst_interactivity=enable_inst_interactivity,
-    )
+    with declared_parameters(checkpoint_path is not None):
+        model = build_sam3_model(
+            spec,
+            tokenizer=SimpleTokenizer(bpe_path=bpe_path),
+            enable_segmentation=enable_segmentation,
+            enable_inst_interactivity=enable_inst_interactivity,
+        )
     if checkpoint_path is not None:
         load_sam3_weights(model, checkpoint_path)
     else:
@@ -133,12 +134,14 @@ def load_sam3_tracker(
     ``tracker.*`` weights and the detector's vision backbone, nothing of the text encoder or
     the detector heads."""
     checkpoint = _existing(checkpoint)
-    tracker = build_tracker_model(
-        _sam3_spec(checkpoint),
-        apply_temporal_disambiguation=apply_temporal_disambiguation,
-        with_backbone=True,
-        tracker_cls=Sam3TrackerVideoPredictor,
-    )
+    spec = _sam3_spec(checkpoint)
+    with declared_parameters(True):
+        tracker = build_tracker_model(
+            spec,
+            apply_temporal_disambiguation=apply_temporal_disambiguation,
+            with_backbone=True,
+            tracker_cls=Sam3TrackerVideoPredictor,
+        )
     load_state_strict(tracker, read_sam3_tracker_weights(checkpoint, tracker))
     return tracker
 
@@ -176,14 +179,15 @@ def build_sam3_video_model(
         paddle.set_device(device)
     if spec is None:
         spec = SAM3_SPEC if checkpoint_path is None else _sam3_spec(_existing(checkpoint_path))
-    detector = build_sam3_model(
-        spec, tokenizer=SimpleTokenizer(bpe_path=bpe_path), enable_inst_interactivity=True
-    )
-    tracker = build_tracker_model(
-        spec,
-        apply_temporal_disambiguation=apply_temporal_disambiguation,
-        tracker_cls=Sam3TrackerVideoPredictor,
-    )
+    with declared_parameters(checkpoint_path is not None):
+        detector = build_sam3_model(
+            spec, tokenizer=SimpleTokenizer(bpe_path=bpe_path), enable_inst_interactivity=True
+        )
+        tracker = build_tracker_model(
+            spec,
+            apply_temporal_disambiguation=apply_temporal_disambiguation,
+            tracker_cls=Sam3TrackerVideoPredictor,
+        )
     if checkpoint_path is None:
         warnings.warn(
             "build_sam3_video_model: no checkpoint_path, the weights are random", stacklevel=2

@@ -11,7 +11,13 @@ import os
 from pathlib import Path
 
 from ..convert.checkpoint import checked_sidecar_spec, read_sam_v1_weights, resolve_spec
-from ..convert.core import PADDLE_SUFFIX, load_state_strict, read_sidecar, sidecar_path
+from ..convert.core import (
+    PADDLE_SUFFIX,
+    declared_parameters,
+    load_state_strict,
+    read_sidecar,
+    sidecar_path,
+)
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
 from ..models.sam_v1.sam import Sam
 
@@ -22,7 +28,8 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "assets" / "sam_tiny_synth
 
 def build_sam(spec: SamSpec, checkpoint: str | os.PathLike | None = None) -> Sam:
     """Build a SAM model of ``spec``; load a converted checkpoint strictly if given."""
-    sam = build_sam_model(spec)
+    with declared_parameters(checkpoint is not None):
+        sam = build_sam_model(spec)
     if checkpoint is not None:
         load_sam_weights(sam, checkpoint)
     return sam
@@ -66,7 +73,8 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
 
         state = load_state_dict(checkpoint)
         _, spec = resolve_spec(model_type, state)
-        sam = build_sam_model(spec)
+        with declared_parameters(True):
+            sam = build_sam_model(spec)
         load_state_strict(sam, convert_state_dict(state, spec), where=f"{checkpoint}: ")
         return sam
     elif model_type is not None:

@@ -150,8 +150,8 @@ def _convert_sam3(
         for reason in sam3_hf.dropped_keys(state).values():
             dropped[reason] = dropped.get(reason, 0) + 1
         state = sam3_hf.hf_to_released(state)
-    converted = sam3.convert_state_dict(state)
-    del state
+    # emptied as it is converted: the checkpoint is held once, not twice
+    converted = sam3.convert_state_dict(state, consume=True)
     interactive = any(k.startswith(sam3.INTERACTIVE_PREFIX) for k in converted)
     if interactive:  # the tracker's SAM heads too (predict_inst)
         sam3.select_for_model(
@@ -220,7 +220,7 @@ def read_sam3_weights(
         state = read_pdparams(path)
     else:
         raw, _ = sam3_hf.read_released(path)
-        state = sam3.convert_state_dict(raw)
+        state = sam3.convert_state_dict(raw, consume=True)
     if model is not None:
         state = sam3.select_for_model(state, model_shapes(model), where=f"{path}: ")
     return state

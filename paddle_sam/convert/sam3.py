@@ -188,20 +188,31 @@ def plan(
     return out
 
 
-def convert_tensors(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def convert_tensors(
+    state: Mapping[str, np.ndarray], consume: bool = False
+) -> dict[str, np.ndarray]:
     """Torch layout -> float32 Paddle layout following :func:`plan`: released keys renamed,
     fused q/k/v split, Linear weights transposed, ``freqs_cis`` dropped. Module-relative keys
-    of a single upstream module pass through the same rules (used by the parity tests)."""
-    arrays = {k: np.asarray(v) for k, v in state.items()}
-    steps = plan({k: (v.shape, v.dtype) for k, v in arrays.items()})
+    of a single upstream module pass through the same rules (used by the parity tests).
+
+    ``consume``: ``state`` (a dict) is emptied as the conversion goes, each source tensor
+    dropped once its last converted part is made, so a 3.4 GB checkpoint is never held twice
+    (the source and its transposed copy) but once plus one tensor."""
+    steps = plan({k: (np.shape(v), np.asarray(v).dtype) for k, v in state.items()})
+    last_use = {src_key: key for key, (src_key, _) in steps.items()}
     out: dict[str, np.ndarray] = {}
     for key, (src_key, step) in steps.items():
-        value = arrays[src_key]
+        value = np.asarray(state[src_key])
+        if consume and last_use[src_key] == key:
+            del state[src_key]
         if step.part is not None:
             n = value.shape[0] // 3
             value = value[step.part * n : (step.part + 1) * n]
         value = value.astype(np.float32, copy=False)
         out[key] = np.ascontiguousarray(value.T) if step.transpose else value
+        del value
+    if consume:
+        state.clear()  # the keys the plan drops (freqs_cis)
     return out
 
 
@@ -252,13 +263,16 @@ def tracker_state(
 
 
 def convert_state_dict(
-    state: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, ...]] | None = None
+    state: Mapping[str, np.ndarray],
+    expected: Mapping[str, tuple[int, ...]] | None = None,
+    consume: bool = False,
 ) -> dict[str, np.ndarray]:
     """Released layout (any float dtype) -> float32 Paddle state dict.
 
     Keys other than ``detector.*`` / ``tracker.*`` are refused. With ``expected`` (a model's
     parameter shapes) the result is also checked strictly and reduced to that model
-    (:func:`select_for_model`).
+    (:func:`select_for_model`). ``consume``: empty ``state`` as it is converted
+    (:func:`convert_tensors`).
     """
     foreign = [k for k in state if not k.startswith((DETECTOR_PREFIX, TRACKER_PREFIX))]
     if foreign:
@@ -266,7 +280,7 @@ def convert_state_dict(
             f"not a SAM 3 checkpoint layout: {len(foreign)} keys outside 'detector.' and "
             f"'tracker.', e.g. {', '.join(sorted(foreign)[:5])}"
         )
-    converted = convert_tensors(state)
+    converted = convert_tensors(state, consume=consume)
     if expected is not None:
         converted = select_for_model(converted, expected)
     return converted

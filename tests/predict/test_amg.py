@@ -216,6 +216,10 @@ def test_stability_score():
         ref = amg.calculate_stability_score(torch.from_numpy(logits), thr, off).numpy()
         assert ours.shape == ref.shape == (2, 5) and ours.dtype == np.float32
         np.testing.assert_array_equal(ours, ref)  # NaNs compare equal here
+        # numpy in, numpy out (the generator's CPU path): the same bits
+        ours_np = au.calculate_stability_score(logits, thr, off)
+        assert isinstance(ours_np, np.ndarray) and ours_np.dtype == np.float32
+        np.testing.assert_array_equal(ours_np, ref)
 
 
 def test_batched_mask_to_box():

@@ -201,15 +201,27 @@ def area_from_rle(rle: dict[str, Any]) -> int:
 
 
 def calculate_stability_score(
-    masks: paddle.Tensor, mask_threshold: float, threshold_offset: float, float64: bool = True
-) -> paddle.Tensor:
+    masks: ArrayLike, mask_threshold: float, threshold_offset: float, float64: bool = True
+) -> ArrayLike:
     """IoU between the masks binarised at ``threshold +- offset`` (... x H x W logits -> ...).
 
     The high-threshold mask is always inside the low-threshold one, so IoU is a ratio of counts.
     Paddle's vectorised float32 division on CPU is not correctly rounded (1-ulp differences
     from torch); dividing in float64 and rounding once to float32 matches torch bit for bit.
     ``float64=False`` divides in float32 (exported graphs: browser runtimes lack float64).
+    A numpy array is scored with numpy (returned as numpy): the counts per mask by
+    ``np.count_nonzero``, 0.9 s -> 0.1 s for 60 masks of 768 x 1024 where Paddle's CPU sum
+    runs on one thread.
     """
+    if isinstance(masks, np.ndarray):
+        flat = masks.reshape(-1, *masks.shape[-2:])
+        hi, lo = mask_threshold + threshold_offset, mask_threshold - threshold_offset
+        high = np.array([np.count_nonzero(m > hi) for m in flat], np.float64)
+        low = np.array([np.count_nonzero(m > lo) for m in flat], np.float64)
+        dtype = np.float64 if float64 else np.float32
+        with np.errstate(divide="ignore", invalid="ignore"):  # an empty mask: nan, as torch
+            score = high.astype(dtype) / low.astype(dtype)
+        return score.astype(np.float32).reshape(masks.shape[:-2])
     high = (masks > (mask_threshold + threshold_offset)).astype("int32").sum(axis=[-2, -1])
     low = (masks > (mask_threshold - threshold_offset)).astype("int32").sum(axis=[-2, -1])
     dtype = "float64" if float64 else "float32"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ...models.sam_v1.sam import postprocess_masks
+from ...models.sam_v1.sam import as_paddle, postprocess_masks
 from .amg_utils import (
     MaskData,
     area_from_rle,
@@ -303,17 +303,17 @@ class SamAutomaticMaskGenerator:
         if self.pred_iou_thresh > 0.0:
             keep = np.flatnonzero(iou_preds > self.pred_iou_thresh)
             iou_preds, low_res, points = iou_preds[keep], low_res[keep], points[keep]
+        masks = self._upscale_masks(low_res)  # numpy on the CPU
+        del low_res
+        mask_threshold = self.mask_threshold
+        stability = calculate_stability_score(masks, mask_threshold, self.stability_score_offset)
         data = MaskData(
-            masks=self._upscale_masks(low_res),
+            masks=as_paddle(masks),
             iou_preds=paddle.to_tensor(iou_preds),
             points=points,
+            stability_score=as_paddle(stability),
         )
-        del low_res
-
-        mask_threshold = self.mask_threshold
-        data["stability_score"] = calculate_stability_score(
-            data["masks"], mask_threshold, self.stability_score_offset
-        )
+        del masks
         if self.stability_score_thresh > 0.0:
             data.filter(data["stability_score"] >= self.stability_score_thresh)
 
@@ -330,16 +330,16 @@ class SamAutomaticMaskGenerator:
         del data["masks"]
         return data
 
-    def _upscale_masks(self, low_res: np.ndarray) -> paddle.Tensor:
-        """Low-res logits (K x h x w) -> logits at the current image's size, on the model's
-        device (the dynamic model's own ``postprocess_masks``)."""
+    def _upscale_masks(self, low_res: np.ndarray) -> np.ndarray | paddle.Tensor:
+        """Low-res logits (K x h x w) -> logits at the current image's size (the dynamic
+        model's own ``postprocess_masks``): numpy on the CPU, a tensor on the model's GPU."""
         p = self.predictor
         model = getattr(p, "model", None)
         size = p.transform.target_length
         if model is not None and not model.pixel_mean.place.is_cpu_place():
             x = paddle.to_tensor(low_res, place=model.pixel_mean.place)
             return postprocess_masks(x, p.input_size, p.original_size, size)
-        return paddle.to_tensor(postprocess_masks(low_res, p.input_size, p.original_size, size))
+        return postprocess_masks(low_res, p.input_size, p.original_size, size)
 
     @staticmethod
     def postprocess_small_regions(
