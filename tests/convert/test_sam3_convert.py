@@ -372,3 +372,20 @@ def test_interactive_weights_load_from_released_layout(tmp_path):
     torch.save({"model": {k: torch.from_numpy(v) for k, v in broken.items()}}, bad)
     with pytest.raises(CheckpointMismatchError, match="iou_token"):
         convert_checkpoint(bad, tmp_path / "broken.pdparams", spec=TINY)
+
+
+def test_convert_consuming_the_source_gives_the_same_weights():
+    """``consume=True`` (loading and converting the released file) empties the source dict as
+    it goes and converts exactly what the copying conversion does."""
+    raw = conv.random_released_state_dict(TINY, 3)
+    raw["detector.backbone.vision_backbone.trunk.blocks.0.attn.freqs_cis"] = np.zeros(
+        (4, 8), np.complex64
+    )  # dropped by the plan: cleared too
+    want = conv.convert_state_dict(dict(raw))
+    source = dict(raw)
+    got = conv.convert_state_dict(source, consume=True)
+    assert source == {}
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key].dtype == np.float32 and got[key].flags.c_contiguous
+        np.testing.assert_array_equal(got[key], value)
