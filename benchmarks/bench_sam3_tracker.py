@@ -104,18 +104,7 @@ METRICS = (
 # --------------------------------------------------------------------------------- machine
 
 
-def cpu_flags() -> str:
-    """The CPU features that matter here, as /proc/cpuinfo reports them at run time."""
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        return "unknown"
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-    return ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in wanted)
+cpu_flags = v1.cpu_flags  # the CPU features that matter, read at run time
 
 
 # --------------------------------------------------------------------------------- workers

@@ -373,6 +373,21 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_flags() -> str:
+    """The CPU features that matter for these kernels, detected at run time."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return "unknown"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+    return " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in wanted)
+
+
 def _ram_gib() -> str:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

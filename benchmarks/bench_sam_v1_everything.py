@@ -49,21 +49,6 @@ IOU_SCALE, IOU_SHIFT = 3.0, 0.76  # iou' = 3 iou + 0.76: random init 0.03 +- 0.0
 MASK_SCALE = 1000.0  # hypernetwork output x 1000: logits ~ +-50, far from the threshold
 
 
-def cpu_flags() -> str:
-    """The CPU features that matter for these kernels, detected at run time."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return "unknown"
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
-    return " ".join(f"{f}={'yes' if f in flags else 'no'}" for f in wanted)
-
-
 # --------------------------------------------------------------------------------- workers
 
 
@@ -255,7 +240,7 @@ def parent_main(args: argparse.Namespace) -> None:
     info = [
         ("date", started.isoformat(timespec="seconds")),
         ("cpu", base._cpu_model()),
-        ("cpu flags", cpu_flags()),
+        ("cpu flags", base.cpu_flags()),
         ("cores (affinity)", str(len(os.sched_getaffinity(0)))),
         ("threads", ", ".join(f"{i} {rs[0]['threads']}" for i, rs in rows.items())),
         ("paddlepaddle", base._version("paddlepaddle")),

@@ -16,12 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import paddle
 
 from .._runtime import cpu_count, get_num_threads, set_num_threads
 from ..models.sam_v1.build_sam import SAM_SPECS
 from ..predict.base import InteractivePredictor
-from ..predict.sam_v1.predictor import SamPredictor
 from .sessions import Session, SessionStore
 
 # -- the model behind a lock ------------------------------------------------------------
@@ -80,13 +78,14 @@ class ModelService:
 
     @property
     def supports_everything(self) -> bool:
-        return isinstance(self.predictor, SamPredictor)
+        # SAM v1, dynamic or on Paddle Inference (not ONNX, not SAM 3)
+        return hasattr(self.predictor, "predict_point_grid")
 
     @property
     def everything_refusal(self) -> str:
         return (
             self.predictor.everything_refusal
-            or f"'everything' mode needs the dynamic model; this server runs {self.runtime}"
+            or f"'everything' mode needs SAM v1 on Paddle; this server runs {self.runtime}"
         )
 
     @property
@@ -248,20 +247,50 @@ class EverythingJob:
         return out
 
 
-def _everything_generator(service: ModelService, session: Session, job: EverythingJob, **kw):
-    """A mask generator that reuses the session's embedding and reports progress per batch."""
-    from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+class _SessionGrid:
+    """The service's predictor as the mask generator's, for one session's image: the session's
+    state is put back before every batch of points, since requests on other sessions swap
+    theirs in while the job gives the lock back between batches. A crop (``crop_n_layers``)
+    is embedded on the shared predictor and its state kept here the same way."""
 
-    class SessionPredictor(SamPredictor):
-        def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
-            if tuple(image.shape[:2]) == tuple(session.state["original_size"]):
-                for k, v in session.state.items():  # the whole image: its embedding is cached
-                    setattr(self, k, v)
-                with paddle.no_grad():
-                    self.dense_pe = self.model.prompt_encoder.get_dense_pe()
-                self.is_image_set = True
-            else:  # a crop (crop_n_layers > 0) needs its own embedding
-                super().set_image(image, image_format)
+    def __init__(self, service: ModelService, session: Session) -> None:
+        self._predictor = service.predictor
+        self._keys = service.state_keys
+        self._session = session
+        self._state: dict[str, Any] = {}
+        self.transform = self._predictor.transform
+        threshold = getattr(self._predictor, "mask_threshold", None)
+        self.mask_threshold = service.model.mask_threshold if threshold is None else threshold
+
+    @property
+    def input_size(self) -> tuple[int, ...]:
+        return self._state["input_size"]
+
+    @property
+    def original_size(self) -> tuple[int, ...]:
+        return self._state["original_size"]
+
+    def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+        if tuple(image.shape[:2]) == tuple(self._session.state["original_size"]):
+            self._state = dict(self._session.state)  # the whole image: its embedding is kept
+        else:  # a crop needs its own embedding
+            self._predictor.set_image(image, image_format)
+            self._state = {k: getattr(self._predictor, k) for k in self._keys}
+
+    def predict_point_grid(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        for k, v in self._state.items():
+            setattr(self._predictor, k, v)
+        self._predictor.is_image_set = True
+        return self._predictor.predict_point_grid(points)
+
+    def reset_image(self) -> None:
+        self._state = {}
+
+
+def _everything_generator(service: ModelService, session: Session, job: EverythingJob, **kw):
+    """A mask generator on the session's image (its embedding reused) that reports progress
+    per batch and gives the model lock back between batches."""
+    from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     class SessionGenerator(SamAutomaticMaskGenerator):
         def _process_batch(self, *args, **kwargs):
@@ -272,9 +301,7 @@ def _everything_generator(service: ModelService, session: Session, job: Everythi
             job.done += 1
             return out
 
-    gen = SessionGenerator(service.model, output_mode="coco_rle", **kw)
-    gen.predictor = SessionPredictor(service.model)
-    return gen
+    return SessionGenerator(_SessionGrid(service, session), output_mode="coco_rle", **kw)
 
 
 def _run_everything(

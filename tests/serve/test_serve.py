@@ -579,7 +579,7 @@ def test_exported_model_is_served(tmp_path, images):
     export_sam(model, tmp_path / "tiny", model_type="tiny")
     with TestClient(create_app(StaticSamPredictor(tmp_path / "tiny"))) as c:
         h = c.get("/health").json()["model"]
-        assert h["type"] == "tiny" and h["runtime"] == "paddle-inference" and not h["everything"]
+        assert h["type"] == "tiny" and h["runtime"] == "paddle-inference" and h["everything"]
         sa, sb = (upload(c, images[k])["session_id"] for k in "ab")
         ref = StaticSamPredictor(tmp_path / "tiny")
         for k, sid, pt in [("a", sa, [90, 30]), ("b", sb, [10, 80]), ("a", sa, [20, 100])]:
@@ -588,7 +588,24 @@ def test_exported_model_is_served(tmp_path, images):
             masks, _, _ = ref.predict(np.array([pt]), np.array([1]))
             for item, m in zip(r.json()["masks"], masks, strict=True):
                 np.testing.assert_array_equal(png_of(item), m)
-        assert_error(c.post(f"/sessions/{sa}/everything", json={}), 400, "not_supported")
+        # "everything" on the exported runtime, while clicks on the other session swap its
+        # state in between the job's batches: the generator's masks on that session's image
+        from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+
+        opts = dict(
+            points_per_side=4, points_per_batch=3, pred_iou_thresh=0.0, stability_score_thresh=0.0
+        )
+        r = c.post(f"/sessions/{sa}/everything", json=opts)
+        assert r.status_code == 202
+        for _ in range(3):
+            assert prompt(c, sb, points=[[10, 80]]).status_code == 200
+        j = _wait_job(c, sa, r.json()["job_id"])
+        assert j["status"] == "done", j
+        want = SamAutomaticMaskGenerator(ref, output_mode="coco_rle", **opts).generate(images["a"])
+        assert len(j["masks"]) == len(want) > 0
+        for got, exp in zip(j["masks"], want, strict=True):
+            assert got["segmentation"] == exp["segmentation"]
+            assert got["predicted_iou"] == pytest.approx(exp["predicted_iou"], abs=1e-6)
 
 
 def _predictor(kind: str, tmp_path: Path):
