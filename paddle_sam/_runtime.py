@@ -57,6 +57,36 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    return set()
+
+
+BF16_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def bf16_refusal() -> str | None:
+    """None when this CPU runs bf16 GEMMs natively (``avx512_bf16`` or AMX, as oneDNN detects
+    at run time); otherwise a sentence saying why bf16 inference is refused."""
+    from paddle.base import core
+
+    if core.supports_bfloat16_fast_performance():
+        return None
+    flags = cpu_flags()
+    found = ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in BF16_FLAGS)
+    return (
+        "bf16 inference needs a CPU with avx512_bf16 or AMX (amx_bf16), which oneDNN uses "
+        f"for bf16 GEMMs; this CPU has none ({found}): use precision 'fp32'"
+    )
+
+
 def _is_amd() -> bool:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:

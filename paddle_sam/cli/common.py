@@ -82,17 +82,46 @@ def family(args: argparse.Namespace) -> str:
     return "sam3" if getattr(args, "text", None) is not None else "sam_v1"
 
 
+def add_precision_arg(parser: argparse.ArgumentParser) -> None:
+    """--precision for the SAM v1 Paddle Inference runtime (--exported)."""
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="with --exported (SAM v1, Paddle Inference): bf16 runs every program on oneDNN's "
+        "bf16 kernels, on CPUs with avx512_bf16 or AMX only (default: %(default)s)",
+    )
+
+
+def check_precision(args: argparse.Namespace) -> None:
+    """--precision bf16 is for the Paddle Inference runtime of SAM v1 (--exported)."""
+    if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "exported", None) is None:
+        raise ValueError(
+            "--precision bf16 runs an exported SAM v1 (--exported DIR from 'paddle-sam "
+            "export'); the dynamic model computes in fp32"
+        )
+
+
 def exported_predictor(
-    export_dir: str | Path, confidence_threshold: float = 0.5, bpe: str | None = None
+    export_dir: str | Path,
+    confidence_threshold: float = 0.5,
+    bpe: str | None = None,
+    precision: str = "fp32",
 ) -> Any:
     """The runtime of an export folder: SAM v1 on Paddle Inference (onnxruntime for an ONNX
     export); SAM 3 a ``Sam3Predictor`` over the exported programs (text and boxes), with
-    ``confidence_threshold`` and the BPE vocabulary ``bpe``."""
+    ``confidence_threshold`` and the BPE vocabulary ``bpe``. ``precision`` "bf16": SAM v1 on
+    Paddle Inference only (``StaticSamPredictor``)."""
     from ..deploy.sam_v1 import StaticSamPredictor, peek_format
     from ..export.onnx import ONNX_FORMAT
     from ..export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
 
     kind = peek_format(export_dir)
+    if precision != "fp32" and kind in (SAM3_FORMAT, ONNX_FORMAT):
+        raise ValueError(
+            f"--precision {precision}: only SAM v1 exports on Paddle Inference run in "
+            f"{precision}; {export_dir} is {'SAM 3' if kind == SAM3_FORMAT else 'ONNX'}"
+        )
     if kind == SAM3_FORMAT:
         from ..deploy.sam3 import StaticSam3Processor
         from ..predict.sam3.predictor import Sam3Predictor
@@ -105,7 +134,8 @@ def exported_predictor(
         from ..deploy.onnx import OnnxSamPredictor
 
         return OnnxSamPredictor(export_dir)
-    return StaticSamPredictor(export_dir)  # with its own clear errors for anything else
+    # with its own clear errors for anything else
+    return StaticSamPredictor(export_dir, precision=precision)
 
 
 def check_one_source(args: argparse.Namespace) -> None:

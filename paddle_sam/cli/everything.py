@@ -11,8 +11,10 @@ import numpy as np
 
 from .common import (
     add_model_args,
+    add_precision_arg,
     bounded,
     check_one_source,
+    check_precision,
     exported_predictor,
     load_model,
     prepare_out,
@@ -33,8 +35,9 @@ def cmd_everything(args: argparse.Namespace) -> int:
     from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
     check_one_source(args)
+    check_precision(args)
     if args.exported is not None:
-        model = exported_predictor(args.exported)
+        model = exported_predictor(args.exported, precision=args.precision)
         if not hasattr(model, "predict_point_grid"):
             raise ValueError(
                 f"--exported {args.exported}: 'everything' runs on a Paddle Inference export "
@@ -140,4 +143,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="run on a 'paddle-sam export' folder (Paddle Inference) instead of --checkpoint",
     )
+    add_precision_arg(e)
     e.set_defaults(func=cmd_everything)

@@ -14,7 +14,9 @@ import numpy as np
 from .common import (
     DEFAULT_MODEL,
     add_model_args,
+    add_precision_arg,
     check_one_source,
+    check_precision,
     check_prompts,
     exported_predictor,
     family,
@@ -39,6 +41,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
+    check_precision(args)
     kind = family(args)
     if kind == "sam3" and not args.point:
         return _segment_sam3(args)
@@ -79,7 +82,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
         predictor = load_sam3_predictor(args.checkpoint, args.bpe, interactive=True)
     elif args.exported is not None:
         check_one_source(args)
-        predictor = exported_predictor(args.exported)
+        predictor = exported_predictor(args.exported, precision=args.precision)
     else:
         predictor = SamPredictor(load_model(args))
     if multimask and getattr(predictor, "return_single_mask", False):
@@ -316,5 +319,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run a 'paddle-sam export' folder, SAM v1 or SAM 3 (Paddle Inference on the CPU, "
         "or onnxruntime for --format onnx)",
     )
+    add_precision_arg(s)
     add_model_args(s, families=("sam_v1", "sam3"))
     s.set_defaults(func=cmd_segment)

@@ -23,7 +23,9 @@ from ..serve.config import (
 )
 from .common import (
     add_model_args,
+    add_precision_arg,
     check_one_source,
+    check_precision,
     family,
     load_model,
     parse_confidence_threshold,
@@ -63,8 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--exported",
         default=None,
         metavar="DIR",
-        help="run a 'paddle-sam export' folder with Paddle Inference (no 'everything' mode)",
+        help="run a 'paddle-sam export' folder of SAM v1 with Paddle Inference",
     )
+    add_precision_arg(s)
     s.add_argument(
         "--memory-budget-mb",
         type=positive(float),
@@ -235,6 +238,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..serve import create_app
     from ..serve.guard import check_token
 
+    check_precision(args)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_token(token)
     _check_port(args.host, args.port)
@@ -270,7 +274,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ..deploy import StaticSamPredictor
 
         check_one_source(args)
-        model = StaticSamPredictor(args.exported)
+        model = StaticSamPredictor(args.exported, precision=args.precision)
     else:
         model = load_model(args)
     app = create_app(

@@ -299,6 +299,17 @@ def test_everything_on_an_export(tiny_ckpt, image_png, work, capsys):
     assert_user_error(
         capsys, ["everything", image_png, "-o", work / "x", "--exported", work / "nope"], "nope"
     )
+    # --precision bf16: for an export only, and only on CPUs with avx512_bf16 or AMX
+    from paddle_sam._runtime import bf16_refusal
+
+    bf16 = ["--precision", "bf16", "--quiet", "--points-per-side", "2"]
+    assert_user_error(capsys, [*both, *bf16], "--exported")
+    exported = ["everything", image_png, "--exported", export_dir, "-o", work / "everything_bf16"]
+    if bf16_refusal() is not None:
+        assert_user_error(capsys, [*exported, *bf16], "avx512_bf16 or AMX")
+        assert not (work / "everything_bf16").exists()
+    else:
+        assert run([*exported, *bf16]) == 0
 
 
 def test_everything_argument_errors(tiny_ckpt, image_png, tmp_path, capsys):

@@ -352,3 +352,50 @@ def test_cli_export_and_segment_exported(exported, tmp_path, capsys):
     b = np.asarray(Image.open(tmp_path / "d" / "mask.png"))
     np.testing.assert_array_equal(a, b)
     assert cli.main([*common, "--exported", str(tmp_path / "nope"), "-o", str(tmp_path / "x")]) == 2
+
+
+def test_image_encoder_on_onednn(exported):
+    """The image encoder program on oneDNN (fp32; padded windows and relative positions, one
+    fusion pass of Paddle Inference 3.3.1 left out) gives the dynamic model's embedding and
+    masks."""
+    model, d, _ = exported
+    sp = StaticSamPredictor(d, onednn_encoder=True)
+    assert sp.options["onednn"]["image_encoder"], "oneDNN fell back on the image encoder"
+    dp = SamPredictor(model)
+    img = image(H, W, seed=9)
+    sp.set_image(img)
+    dp.set_image(img)
+    np.testing.assert_allclose(
+        sp.get_image_embedding(), dp.get_image_embedding().numpy(), atol=1e-4, rtol=0
+    )
+    pts, lbl = np.array([[60.0, 40.0]]), np.array([1])
+    got, want = sp.predict(pts, lbl), dp.predict(pts, lbl)
+    assert (got[0] == want[0]).mean() >= 0.999
+    np.testing.assert_allclose(got[1], want[1], atol=1e-4)
+
+
+def test_bf16_precision(exported):
+    """precision='bf16' runs on CPUs with avx512_bf16 or AMX (detected at run time), with
+    masks agreeing with fp32's; elsewhere it is refused with a clear error, and a bad value
+    or a GPU device too."""
+    from paddle_sam._runtime import bf16_refusal
+
+    model, d, _ = exported
+    with pytest.raises(ValueError, match="precision must be one of"):
+        StaticSamPredictor(d, precision="fp16")
+    with pytest.raises(ValueError, match="tensorrt"):
+        StaticSamPredictor(d, precision="bf16", device="gpu")
+    refusal = bf16_refusal()
+    if refusal is not None:
+        with pytest.raises(ValueError, match="avx512_bf16 or AMX.*avx512_bf16 no"):
+            StaticSamPredictor(d, precision="bf16")
+        return
+    sp, ref = StaticSamPredictor(d, precision="bf16"), StaticSamPredictor(d)
+    assert all(sp.options["onednn"].values())
+    img = image(H, W, seed=9)
+    sp.set_image(img)
+    ref.set_image(img)
+    for pt in ([60.0, 40.0], [150.0, 100.0], [20.0, 120.0]):
+        got = sp.predict(np.array([pt]), np.array([1]))
+        want = ref.predict(np.array([pt]), np.array([1]))
+        assert (got[0] == want[0]).mean() >= 0.99

@@ -175,8 +175,15 @@ def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor,
     _, H, W, C = x.shape
     pad_h = (window_size - H % window_size) % window_size
     pad_w = (window_size - W % window_size) % window_size
-    if pad_h > 0 or pad_w > 0:
-        x = F.pad(x, [0, 0, 0, pad_h, 0, pad_w, 0, 0])
+    # zeros concatenated rather than F.pad: the same values, and a program with Paddle's pad
+    # op crashes under oneDNN in Paddle Inference 3.3.1 (a segfault in its pad kernel)
+    # (zeros shaped from x itself: the batch is dynamic in exported programs)
+    if pad_h > 0:
+        zeros = paddle.tile(paddle.zeros_like(x[:, :1]), [1, pad_h, 1, 1])
+        x = paddle.concat([x, zeros], axis=1)
+    if pad_w > 0:
+        zeros = paddle.tile(paddle.zeros_like(x[:, :, :1]), [1, 1, pad_w, 1])
+        x = paddle.concat([x, zeros], axis=2)
     Hp, Wp = H + pad_h, W + pad_w
     ws = window_size
     # (B * nH) x ws x nW x (ws * C) -> (B * nH) x nW x ws x (ws * C): one 4-D transpose
