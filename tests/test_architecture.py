@@ -19,7 +19,7 @@ LAYERS = [
     {"predict"},
     {"build", "export", "align"},
     {"deploy", "train"},
-    {"serve"},
+    {"serve", "label"},
     {"cli"},
     {"__main__"},
 ]

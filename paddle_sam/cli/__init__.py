@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import NoReturn
 
-from . import align, convert, everything, export, segment, serve, track, train
+from . import align, convert, everything, export, label, segment, serve, track, train
 from .common import DEFAULT_MODEL, check_bounded
 
 MAX_THREADS = 1024
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"CPU threads, 1 to {MAX_THREADS} (default: all available)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (convert, segment, everything, track, export, align, serve, train):
+    for command in (convert, segment, everything, label, track, export, align, serve, train):
         command.add_parser(sub)
     return p
 

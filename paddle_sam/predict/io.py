@@ -17,6 +17,8 @@ MAX_IMAGE_PIXELS = 100_000_000
 #: Nothing else reaches a decoder: EPS / PostScript would run Ghostscript, PDF, PSD, ICO and
 #: the rest are refused by name.
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF")
+#: file name endings of those formats, for listing a folder's images
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
 
 class ImageTooLargeError(ValueError):

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from ..predict.io import IMAGE_SUFFIXES
 from .synthetic import synthetic_scene
 
 FORMATS = ("coco", "sa1b", "folder", "synthetic")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
 
 @dataclass

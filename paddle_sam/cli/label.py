@@ -1,0 +1,161 @@
+"""``paddle-sam label``: label a dataset (SAM v1 automatic masks or SAM 3 concepts) into one
+COCO JSON, in resumable shards."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import bounded, positive
+from .everything import MAX_CROP_N_LAYERS, MAX_POINTS_PER_BATCH, MAX_POINTS_PER_SIDE
+
+MAX_WORKERS = 256
+MAX_SHARD_SIZE = 100_000
+
+
+def _prompts(args: argparse.Namespace) -> tuple[str, ...]:
+    prompts = list(args.text)
+    if args.prompts is not None:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise FileNotFoundError(f"--prompts file not found: {path}")
+        prompts += [
+            line.strip()
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    for p in prompts:
+        if not p.strip():
+            raise ValueError("--text is empty")
+    if len(set(prompts)) != len(prompts):
+        raise ValueError("a prompt is given twice: each becomes one category")
+    return tuple(prompts)
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    from ..label import EVERYTHING_DEFAULTS, LabelSpec, WorkerDied, label
+
+    prompts = _prompts(args)
+    if args.everything == bool(prompts):
+        raise ValueError("give either --everything (SAM v1) or --text / --prompts (SAM 3)")
+    if args.checkpoint is not None and args.exported is not None:
+        raise ValueError("give either --checkpoint or --exported, not both")
+    for name in ("checkpoint", "exported"):
+        value = getattr(args, name)
+        if value is not None and not Path(value).exists():
+            raise FileNotFoundError(f"--{name} not found: {value}")
+    if prompts and args.checkpoint is None and args.exported is None:
+        raise ValueError("SAM 3 concepts need --checkpoint (sam3.pt or .pdparams) or --exported")
+    everything = {k: getattr(args, k) for k in EVERYTHING_DEFAULTS}
+    spec = LabelSpec(
+        mode="everything" if args.everything else "concepts",
+        checkpoint=None if args.checkpoint is None else str(Path(args.checkpoint).resolve()),
+        exported=None if args.exported is None else str(Path(args.exported).resolve()),
+        model_type=args.model_type,
+        everything=everything if args.everything else {},
+        prompts=prompts,
+        confidence_threshold=args.confidence_threshold,
+        bpe=args.bpe,
+    )
+    try:
+        report = _run(args, spec, label)
+    except WorkerDied as exc:  # not the user's doing, but nothing is lost: one line
+        print(f"paddle-sam label: error: {exc}", file=sys.stderr)
+        return 1
+    _summary(report, args.output)
+    return 0
+
+
+def _run(args: argparse.Namespace, spec, label) -> dict:
+    return label(
+        args.source,
+        args.output,
+        spec,
+        engine=args.engine,
+        num_workers=args.num_workers,
+        shard_size=args.shard_size,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        image_root=args.image_root,
+        max_pixels=args.max_pixels,
+        progress=not args.quiet,
+    )
+
+
+def _summary(report: dict, output: str) -> None:
+    seconds = report["seconds_this_run"]
+    fresh = report["resumed_shards"] == 0 and seconds > 0
+    rate = f", {report['labelled'] / seconds:.2f} images/s" if fresh else ""
+    print(
+        f"{report['labelled']} images labelled, {report['skipped']} skipped, "
+        f"{report['annotations']} annotations in {seconds:.1f} s{rate} "
+        f"({report['resumed_shards']} of {report['shards']} shards from an earlier run) -> "
+        f"{Path(output) / 'annotations.json'}, report.json"
+    )
+    for s in report["skipped_images"][:10]:
+        print(f"  skipped {s['file_name']}: {s['reason']}")
+    if report["skipped"] > 10:
+        print(f"  ... and {report['skipped'] - 10} more (report.json lists them all)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``label``."""
+    p = sub.add_parser(
+        "label",
+        help="label a dataset into one COCO JSON (SAM v1 --everything or SAM 3 --text)",
+    )
+    p.add_argument(
+        "source", help="a folder (recursive), a glob, a .txt list of paths or a COCO .json"
+    )
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    what = p.add_argument_group("what to label")
+    what.add_argument("--everything", action="store_true", help="SAM v1 automatic masks")
+    what.add_argument(
+        "--text", action="append", default=[], help="a SAM 3 concept (repeatable): a category"
+    )
+    what.add_argument("--prompts", default=None, help="a text file of concepts, one per line")
+    model = p.add_argument_group("model")
+    model.add_argument("--checkpoint", default=None, help="SAM v1 or SAM 3 weights")
+    model.add_argument("--exported", default=None, help="a 'paddle-sam export' folder")
+    model.add_argument("--model-type", default=None, help="SAM v1 size without a sidecar")
+    model.add_argument("--bpe", default=None, help="SAM 3 BPE vocabulary (default: bundled)")
+    model.add_argument(
+        "--confidence-threshold",
+        type=bounded(float, 0.0, 1.0),
+        default=0.5,
+        help="SAM 3: keep instances scoring at least this (default: %(default)s)",
+    )
+    gen = p.add_argument_group("--everything options (the generator's)")
+    gen.add_argument("--points-per-side", type=bounded(int, 1, MAX_POINTS_PER_SIDE), default=32)
+    gen.add_argument("--points-per-batch", type=bounded(int, 1, MAX_POINTS_PER_BATCH), default=64)
+    gen.add_argument("--pred-iou-thresh", type=bounded(float, 0.0, 1.0), default=0.88)
+    gen.add_argument("--stability-score-thresh", type=bounded(float, 0.0, 1.0), default=0.95)
+    gen.add_argument("--box-nms-thresh", type=bounded(float, 0.0, 1.0), default=0.7)
+    gen.add_argument("--crop-n-layers", type=bounded(int, 0, MAX_CROP_N_LAYERS), default=0)
+    gen.add_argument("--min-mask-region-area", type=bounded(int, 0, 100_000_000), default=0)
+    job = p.add_argument_group("job")
+    job.add_argument("--engine", choices=("local",), default="local")
+    job.add_argument(
+        "--num-workers",
+        type=bounded(int, 1, MAX_WORKERS),
+        default=1,
+        help="worker processes, one model each (default: %(default)s)",
+    )
+    job.add_argument(
+        "--shard-size",
+        type=bounded(int, 1, MAX_SHARD_SIZE),
+        default=16,
+        help="images per shard, the unit of work and of --resume (default: %(default)s)",
+    )
+    job.add_argument("--resume", action="store_true", help="continue the job in OUT")
+    job.add_argument("--overwrite", action="store_true", help="start the job in OUT again")
+    job.add_argument("--image-root", default=None, help="where a COCO or .txt source's paths start")
+    job.add_argument(
+        "--max-pixels",
+        type=positive(int),
+        default=None,
+        help="skip (and report) images above this many pixels (default: 100 megapixels)",
+    )
+    job.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_label)

@@ -1,0 +1,256 @@
+"""A labelling job: the image list cut into shards, each shard labelled by a worker and written
+atomically, then merged into one COCO file. An interrupted job resumes with the shards it has.
+
+Layout of the output folder::
+
+    job.json                   what the job is (model, mode, options, source list checksum)
+    shards/shard-000007.json   one shard's images, annotations and skipped images
+    annotations.json           the merged COCO file (images, categories, annotations)
+    report.json                counts, skipped images with their reasons, timings
+
+A shard file appears only once complete (written to a temporary name, then renamed), so a
+killed worker leaves nothing half-written behind: ``--resume`` redoes exactly the shards
+without a file and the merge never sees an image twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .labelers import LabelSpec, build_labeler
+from .sources import ImageItem
+
+JOB_FILE = "job.json"
+SHARD_DIR = "shards"
+COCO_FILE = "annotations.json"
+REPORT_FILE = "report.json"
+JOB_FORMAT = 1
+
+
+class WorkerDied(RuntimeError):
+    """A worker process of the local engine died; the shards written so far are kept."""
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}.json"
+
+
+def source_checksum(items: list[ImageItem]) -> str:
+    h = hashlib.sha256()
+    for it in items:
+        h.update(f"{it.id}\t{it.file_name}\t{it.path}\n".encode())
+    return h.hexdigest()
+
+
+def job_description(
+    spec: LabelSpec, items: list[ImageItem], shard_size: int, max_pixels: int | None
+) -> dict[str, Any]:
+    return {
+        "format": JOB_FORMAT,
+        "spec": spec.to_dict(),
+        "images": len(items),
+        "source_sha256": source_checksum(items),
+        "shard_size": shard_size,
+        "max_pixels": max_pixels,
+    }
+
+
+def prepare_output(out: Path, description: dict, resume: bool, overwrite: bool) -> None:
+    """Start a job in ``out``, or continue the one there (``resume``: only when it is the
+    same job); never overwrite a job's results without ``overwrite``."""
+    job_file = out / JOB_FILE
+    if job_file.exists():
+        if overwrite:
+            for name in (JOB_FILE, COCO_FILE, REPORT_FILE):
+                (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / SHARD_DIR, ignore_errors=True)
+        elif resume:
+            try:
+                old = json.loads(job_file.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{job_file}: not a readable job description ({exc})") from None
+            changed = [k for k in description if old.get(k) != description[k]]
+            if changed:
+                raise ValueError(
+                    f"{out} holds another job (different {', '.join(changed)}): --resume "
+                    "continues the same job only; use another folder or --overwrite"
+                )
+        else:
+            raise FileExistsError(
+                f"{out} already holds a labelling job: --resume to continue it, --overwrite "
+                "to start again"
+            )
+    elif resume and (out / SHARD_DIR).exists():
+        raise ValueError(f"{out}: shards without {JOB_FILE}; use --overwrite to start again")
+    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    _write_json(job_file, description)
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` atomically: a temporary file, then a rename."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc) + "\n")
+    os.replace(tmp, path)
+
+
+def plan_shards(items: list[ImageItem], shard_size: int) -> list[list[ImageItem]]:
+    return [items[i : i + shard_size] for i in range(0, len(items), shard_size)]
+
+
+def pending_shards(out: Path, shards: list[list[ImageItem]]) -> list[int]:
+    return [i for i in range(len(shards)) if not (out / SHARD_DIR / shard_name(i)).exists()]
+
+
+def label_shard(
+    labeler: Any, index: int, items: Iterable[ImageItem], max_pixels: int | None
+) -> dict[str, Any]:
+    """Label the images of one shard: unreadable or too large images are skipped and listed
+    with the reason; anything else that fails is a bug and propagates."""
+    from ..predict.io import load_image
+
+    images, annotations, skipped = [], [], []
+    t = time.perf_counter()
+    for it in items:
+        try:
+            image = load_image(it.path, max_pixels)
+        except (OSError, ValueError) as exc:  # missing, unreadable, not an image, too large
+            skipped.append({"id": it.id, "file_name": it.file_name, "reason": str(exc)})
+            continue
+        h, w = image.shape[:2]
+        images.append({"id": it.id, "file_name": it.file_name, "width": w, "height": h})
+        for ann in labeler.label(image):
+            annotations.append({"image_id": it.id, **ann})
+    return {
+        "shard": index,
+        "images": images,
+        "annotations": annotations,
+        "skipped": skipped,
+        "seconds": round(time.perf_counter() - t, 3),
+    }
+
+
+def write_shard(out: Path, result: dict[str, Any]) -> None:
+    _write_json(out / SHARD_DIR / shard_name(result["shard"]), result)
+
+
+def merge(out: Path, spec: LabelSpec, shards: list[list[ImageItem]], seconds: float) -> dict:
+    """Merge every shard (all must exist) into the COCO file and the report; returns the
+    report. Annotation ids run from 1 in image order."""
+    images, annotations, skipped, labelled_seconds = [], [], [], 0.0
+    for i in range(len(shards)):
+        path = out / SHARD_DIR / shard_name(i)
+        doc = json.loads(path.read_text())
+        expected = [it.id for it in shards[i]]
+        got = [im["id"] for im in doc["images"]] + [s["id"] for s in doc["skipped"]]
+        if sorted(got) != sorted(expected):
+            raise ValueError(f"{path} does not hold the images of shard {i}: run with --overwrite")
+        images += doc["images"]
+        annotations += doc["annotations"]
+        skipped += doc["skipped"]
+        labelled_seconds += doc["seconds"]
+    for k, ann in enumerate(annotations, 1):
+        ann["id"] = k
+    coco = {
+        "info": {"description": "paddle-sam label", "mode": spec.mode},
+        "images": images,
+        "categories": spec.categories(),
+        "annotations": annotations,
+    }
+    _write_json(out / COCO_FILE, coco)
+    report = {
+        "images": len(images) + len(skipped),
+        "labelled": len(images),
+        "skipped": len(skipped),
+        "annotations": len(annotations),
+        "skipped_images": skipped,
+        "seconds_this_run": round(seconds, 3),
+        "seconds_labelling_all_shards": round(labelled_seconds, 3),
+    }
+    _write_json(out / REPORT_FILE, report)
+    return report
+
+
+# -- the local engine ------------------------------------------------------------------------
+
+_worker_labeler: Any = None
+
+
+def _init_worker(spec_dict: dict, threads: int) -> None:
+    global _worker_labeler
+    from .._runtime import set_num_threads
+
+    set_num_threads(threads)  # the machine's threads shared out between the workers
+    _worker_labeler = build_labeler(LabelSpec.from_dict(spec_dict))
+
+
+def _run_shard(out: str, index: int, items: list[ImageItem], max_pixels: int | None) -> int:
+    result = label_shard(_worker_labeler, index, items, max_pixels)
+    write_shard(Path(out), result)
+    return len(items)
+
+
+def run_local(
+    out: Path,
+    spec: LabelSpec,
+    shards: list[list[ImageItem]],
+    todo: list[int],
+    num_workers: int,
+    max_pixels: int | None,
+    progress: Callable[[int], None],
+) -> None:
+    """Label the shards ``todo`` on this machine: in this process with one worker, else in
+    ``num_workers`` processes (spawned, one model each, the CPU threads shared out). A worker
+    that dies stops the job; the shards written so far stay for ``--resume``."""
+    if not todo:
+        return
+    if num_workers <= 1:
+        labeler = build_labeler(spec)
+        for i in todo:
+            write_shard(out, label_shard(labeler, i, shards[i], max_pixels))
+            progress(len(shards[i]))
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    from .._runtime import cpu_count
+
+    threads = max(1, cpu_count() // num_workers)
+    with ProcessPoolExecutor(
+        num_workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(spec.to_dict(), threads),
+    ) as pool:
+        futures = [pool.submit(_run_shard, str(out), i, shards[i], max_pixels) for i in todo]
+        try:
+            for f in as_completed(futures):
+                progress(f.result())
+        except BrokenProcessPool:
+            raise WorkerDied(
+                "a labelling worker process died (killed, or out of memory); the shards "
+                f"finished so far are kept in {out / SHARD_DIR}: run again with --resume"
+            ) from None
+
+
+__all__ = [
+    "COCO_FILE",
+    "JOB_FILE",
+    "REPORT_FILE",
+    "SHARD_DIR",
+    "WorkerDied",
+    "job_description",
+    "label_shard",
+    "merge",
+    "pending_shards",
+    "plan_shards",
+    "prepare_output",
+    "run_local",
+]

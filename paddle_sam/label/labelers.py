@@ -1,0 +1,144 @@
+"""What a worker runs on one image: SAM v1's automatic masks (``--everything``) or every
+instance of SAM 3 concepts (``--text``), as COCO annotations without ids."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..predict.io import coco_rle
+
+# the generator options a labelling job may set (upstream's names), with their defaults
+EVERYTHING_DEFAULTS: dict[str, Any] = {
+    "points_per_side": 32,
+    "points_per_batch": 64,
+    "pred_iou_thresh": 0.88,
+    "stability_score_thresh": 0.95,
+    "box_nms_thresh": 0.7,
+    "crop_n_layers": 0,
+    "min_mask_region_area": 0,
+}
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    """Everything a worker needs to build its labeller (picklable, JSON-able): the model
+    (``checkpoint`` or ``exported`` folder, ``model_type``), the mode and its options."""
+
+    mode: str  # "everything" or "concepts"
+    checkpoint: str | None = None
+    exported: str | None = None
+    model_type: str | None = None
+    everything: dict[str, Any] = field(default_factory=dict)
+    prompts: tuple[str, ...] = ()
+    confidence_threshold: float = 0.5
+    bpe: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["prompts"] = list(self.prompts)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LabelSpec:
+        return cls(**{**d, "prompts": tuple(d.get("prompts", ()))})
+
+    def categories(self) -> list[dict[str, Any]]:
+        """COCO categories: one "object" for automatic masks, one per prompt for concepts."""
+        if self.mode == "everything":
+            return [{"id": 1, "name": "object", "supercategory": "object"}]
+        return [
+            {"id": i, "name": p, "supercategory": "concept"} for i, p in enumerate(self.prompts, 1)
+        ]
+
+
+def build_labeler(spec: LabelSpec) -> Any:
+    """The labeller of ``spec``: an object with ``label(image) -> list of annotations``."""
+    if spec.mode == "everything":
+        return EverythingLabeler(spec)
+    if spec.mode == "concepts":
+        return ConceptLabeler(spec)
+    raise ValueError(f"unknown labelling mode {spec.mode!r}")
+
+
+def _annotation(mask: np.ndarray, box: Any, score: float, category_id: int, **extra) -> dict:
+    x0, y0, x1, y1 = (float(v) for v in box)
+    return {
+        "category_id": category_id,
+        "segmentation": coco_rle(mask),
+        "area": int(np.count_nonzero(mask)),
+        "bbox": [x0, y0, x1 - x0, y1 - y0],  # COCO: x, y, width, height
+        "score": float(score),
+        "iscrowd": 0,
+        **extra,
+    }
+
+
+class EverythingLabeler:
+    """SAM v1's automatic mask generator (dynamic model or Paddle Inference export)."""
+
+    def __init__(self, spec: LabelSpec) -> None:
+        from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+
+        if spec.exported is not None:
+            from ..deploy.sam_v1 import StaticSamPredictor
+
+            model: Any = StaticSamPredictor(spec.exported)
+        else:
+            from ..build.sam_v1 import DEFAULT_MODEL, load_sam
+
+            model = load_sam(spec.checkpoint or DEFAULT_MODEL, spec.model_type)
+        options = {**EVERYTHING_DEFAULTS, **spec.everything}
+        self.generator = SamAutomaticMaskGenerator(model, output_mode="binary_mask", **options)
+
+    def label(self, image: np.ndarray) -> list[dict]:
+        out = []
+        for r in self.generator.generate(image):
+            x, y, w, h = (float(v) for v in r["bbox"])
+            out.append(
+                _annotation(
+                    r["segmentation"],
+                    (x, y, x + w, y + h),
+                    r["predicted_iou"],
+                    1,
+                    predicted_iou=float(r["predicted_iou"]),
+                    stability_score=float(r["stability_score"]),
+                    point_coords=[[float(v) for v in p] for p in r["point_coords"]],
+                )
+            )
+        return out
+
+
+class ConceptLabeler:
+    """SAM 3: every instance of each text prompt, one category per prompt; the image is
+    embedded once and each prompt reruns the heads only."""
+
+    def __init__(self, spec: LabelSpec) -> None:
+        if spec.exported is not None:
+            from ..deploy.sam3 import StaticSam3Processor
+            from ..predict.sam3.predictor import Sam3Predictor
+
+            processor = StaticSam3Processor(
+                spec.exported,
+                confidence_threshold=spec.confidence_threshold,
+                bpe_path=spec.bpe,
+            )
+            self.predictor = Sam3Predictor(processor=processor)
+        else:
+            from ..build.sam3 import load_sam3_predictor
+
+            self.predictor = load_sam3_predictor(
+                spec.checkpoint, spec.bpe, spec.confidence_threshold, interactive=False
+            )
+        self.prompts = spec.prompts
+
+    def label(self, image: np.ndarray) -> list[dict]:
+        self.predictor.set_image(image)
+        out = []
+        for category_id, text in enumerate(self.prompts, 1):
+            found = self.predictor.ground(text, [], [])
+            for mask, box, score in zip(found.masks, found.boxes, found.scores, strict=True):
+                out.append(_annotation(mask, box, score, category_id))
+        return out
