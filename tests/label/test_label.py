@@ -216,3 +216,56 @@ def test_label_command_errors(dataset, tmp_path, capsys):
         err = capsys.readouterr().err
         assert all(w in err for w in words.split("|")), err
         assert not out.exists()
+
+
+def test_label_sam3_concepts(dataset, tmp_path):
+    """SAM 3 concepts: one category per prompt, every instance the predictor grounds for it
+    (threshold 0: every query of the tiny model), image by image."""
+    import warnings
+
+    from pycocotools import mask as mask_utils
+
+    from paddle_sam.build.sam3 import load_sam3_predictor
+    from paddle_sam.convert import sam3 as conv
+    from paddle_sam.convert.checkpoint import convert_checkpoint
+    from paddle_sam.predict.io import load_image
+    from tests.helpers.sam3_ref import tiny_sam3_spec
+
+    torch = pytest.importorskip("torch")
+    spec3 = tiny_sam3_spec()
+    official = tmp_path / "sam3_tiny.pt"
+    state = conv.random_released_state_dict(spec3, seed=7)
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in state.items()}}, official)
+    ckpt = tmp_path / "sam3_tiny.pdparams"
+    convert_checkpoint(official, ckpt, spec=spec3, progress=False)
+
+    prompts = ("a red box", "a ring")
+    src = tmp_path / "few"
+    src.mkdir()
+    for name in ("img1.png", "img2.png"):
+        (src / name).write_bytes((dataset / name).read_bytes())
+    spec = LabelSpec(
+        mode="concepts", checkpoint=str(ckpt), prompts=prompts, confidence_threshold=0.0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = label(src, tmp_path / "out", spec)
+        predictor = load_sam3_predictor(ckpt, None, 0.0, interactive=False)
+    doc = json.loads((tmp_path / "out" / "annotations.json").read_text())
+    assert [c["name"] for c in doc["categories"]] == list(prompts)
+    assert report["annotations"] == len(doc["annotations"]) == 2 * 2 * spec3.num_queries
+    for img in doc["images"]:
+        image = load_image(src / img["file_name"])
+        predictor.set_image(image)
+        for category_id, text in enumerate(prompts, 1):
+            found = predictor.ground(text, [], [])
+            got = [
+                a
+                for a in doc["annotations"]
+                if a["image_id"] == img["id"] and a["category_id"] == category_id
+            ]
+            assert len(got) == len(found.masks) == spec3.num_queries
+            for a, mask, score in zip(got, found.masks, found.scores, strict=True):
+                rle = dict(a["segmentation"], counts=a["segmentation"]["counts"].encode())
+                np.testing.assert_array_equal(mask_utils.decode(rle).astype(bool), mask)
+                assert a["score"] == pytest.approx(float(score), abs=1e-6)
