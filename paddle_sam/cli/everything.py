@@ -86,55 +86,61 @@ def _jsonable(v: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(v).__name__}")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``everything``."""
-    e = sub.add_parser("everything", help="automatic mask generation over a point grid")
-    e.add_argument("image")
-    e.add_argument("-o", "--output", required=True, help="output folder")
-    e.add_argument("--overwrite", action="store_true")
-    e.add_argument(
+def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The automatic mask generator's options (upstream's names), for ``everything`` and
+    ``label --everything``."""
+    parser.add_argument(
         "--points-per-side",
         type=bounded(int, 1, MAX_POINTS_PER_SIDE),
         default=32,
         help=f"grid of N x N prompt points, 1 to {MAX_POINTS_PER_SIDE} (default: %(default)s)",
     )
-    e.add_argument(
+    parser.add_argument(
         "--points-per-batch",
         type=bounded(int, 1, MAX_POINTS_PER_BATCH),
         default=64,
         help=f"prompts decoded at once, 1 to {MAX_POINTS_PER_BATCH} (default: %(default)s)",
     )
-    e.add_argument(
+    parser.add_argument(
         "--pred-iou-thresh",
         type=bounded(float, 0.0, 1.0),
         default=0.88,
         help="keep masks whose predicted IoU is above this, in [0, 1] (default: %(default)s)",
     )
-    e.add_argument(
+    parser.add_argument(
         "--stability-score-thresh",
         type=bounded(float, 0.0, 1.0),
         default=0.95,
         help="keep masks at least this stable, in [0, 1] (default: %(default)s)",
     )
-    e.add_argument(
+    parser.add_argument(
         "--box-nms-thresh",
         type=bounded(float, 0.0, 1.0),
         default=0.7,
         help="box IoU above which duplicates are removed, in [0, 1] (default: %(default)s)",
     )
-    e.add_argument(
+    parser.add_argument(
         "--crop-n-layers",
         type=bounded(int, 0, MAX_CROP_N_LAYERS),
         default=0,
         help=f"layers of image crops, 0 to {MAX_CROP_N_LAYERS} (default: %(default)s)",
     )
-    e.add_argument(
+    parser.add_argument(
         "--min-mask-region-area",
         type=bounded(int, 0, MAX_REGION_AREA),
         default=0,
         help="remove holes and islands under this many pixels, 0 (off) to "
         f"{MAX_REGION_AREA} (default: %(default)s)",
     )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``everything``."""
+    e = sub.add_parser("everything", help="automatic mask generation over a point grid")
+    e.add_argument("image")
+    e.add_argument("-o", "--output", required=True, help="output folder")
+    e.add_argument("--overwrite", action="store_true")
+    add_generator_args(e)
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(e)
     e.add_argument(

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .common import bounded, positive
-from .everything import MAX_CROP_N_LAYERS, MAX_POINTS_PER_BATCH, MAX_POINTS_PER_SIDE
+from .everything import add_generator_args
 
 MAX_WORKERS = 256
 MAX_SHARD_SIZE = 100_000
@@ -47,6 +47,10 @@ def cmd_label(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--{name} not found: {value}")
     if prompts and args.checkpoint is None and args.exported is None:
         raise ValueError("SAM 3 concepts need --checkpoint (sam3.pt or .pdparams) or --exported")
+    if args.engine != "ray" and (
+        args.ray_address is not None or args.num_gpus_per_worker or args.cpus_per_worker != 1
+    ):
+        raise ValueError("--ray-address, --cpus-per-worker, --num-gpus-per-worker: --engine ray")
     everything = {k: getattr(args, k) for k in EVERYTHING_DEFAULTS}
     spec = LabelSpec(
         mode="everything" if args.everything else "concepts",
@@ -80,6 +84,9 @@ def _run(args: argparse.Namespace, spec, label) -> dict:
         image_root=args.image_root,
         max_pixels=args.max_pixels,
         progress=not args.quiet,
+        ray_address=args.ray_address,
+        cpus_per_worker=args.cpus_per_worker,
+        gpus_per_worker=args.num_gpus_per_worker,
     )
 
 
@@ -127,15 +134,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="SAM 3: keep instances scoring at least this (default: %(default)s)",
     )
     gen = p.add_argument_group("--everything options (the generator's)")
-    gen.add_argument("--points-per-side", type=bounded(int, 1, MAX_POINTS_PER_SIDE), default=32)
-    gen.add_argument("--points-per-batch", type=bounded(int, 1, MAX_POINTS_PER_BATCH), default=64)
-    gen.add_argument("--pred-iou-thresh", type=bounded(float, 0.0, 1.0), default=0.88)
-    gen.add_argument("--stability-score-thresh", type=bounded(float, 0.0, 1.0), default=0.95)
-    gen.add_argument("--box-nms-thresh", type=bounded(float, 0.0, 1.0), default=0.7)
-    gen.add_argument("--crop-n-layers", type=bounded(int, 0, MAX_CROP_N_LAYERS), default=0)
-    gen.add_argument("--min-mask-region-area", type=bounded(int, 0, 100_000_000), default=0)
+    add_generator_args(gen)
     job = p.add_argument_group("job")
-    job.add_argument("--engine", choices=("local",), default="local")
+    job.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: worker processes here; ray: Ray Data actors (pip install "
+        "'paddle-sam[ray]') (default: %(default)s)",
+    )
+    job.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --engine ray: 'auto' or HOST:PORT of a running cluster (default: a Ray "
+        "started for the job on this machine)",
+    )
+    job.add_argument(
+        "--cpus-per-worker",
+        type=bounded(int, 1, 1024),
+        default=1,
+        help="with --engine ray: CPUs (threads) each actor reserves (default: %(default)s)",
+    )
+    job.add_argument(
+        "--num-gpus-per-worker",
+        type=bounded(float, 0.0, 64.0),
+        default=0.0,
+        help="with --engine ray: GPUs each actor reserves (default: %(default)s)",
+    )
     job.add_argument(
         "--num-workers",
         type=bounded(int, 1, MAX_WORKERS),

@@ -27,7 +27,7 @@ from .job import (
 from .labelers import EVERYTHING_DEFAULTS, LabelSpec
 from .sources import ImageItem, list_images
 
-ENGINES = ("local",)
+ENGINES = ("local", "ray")
 
 
 def label(
@@ -43,10 +43,16 @@ def label(
     image_root: str | os.PathLike | None = None,
     max_pixels: int | None = None,
     progress: bool = False,
+    ray_address: str | None = None,
+    cpus_per_worker: int = 1,
+    gpus_per_worker: float = 0.0,
 ) -> dict[str, Any]:
     """Label every image of ``source`` into ``out`` (see the module docstring); returns the
-    report (counts, skipped images and why, seconds). ``num_workers`` processes each hold one
-    model; ``shard_size`` images make one unit of work and of resumption."""
+    report (counts, skipped images and why, seconds). ``num_workers`` workers each hold one
+    model: processes on this machine (``engine="local"``) or Ray actors (``engine="ray"``,
+    on ``ray_address``: "auto", "HOST:PORT", or None for a Ray started for the job; each actor
+    reserves ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs). ``shard_size`` images
+    make one unit of work and of resumption."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if num_workers < 1 or shard_size < 1:
@@ -66,10 +72,25 @@ def label(
 
         bar = tqdm(total=len(items), initial=done, unit="img", desc="labelling", file=sys.stderr)
     t = time.perf_counter()
+    update = bar.update if bar else lambda n: None
     try:
-        run_local(
-            out, spec, shards, todo, num_workers, max_pixels, bar.update if bar else lambda n: None
-        )
+        if engine == "ray":
+            from .ray_engine import run_ray
+
+            run_ray(
+                out,
+                spec,
+                shards,
+                todo,
+                num_workers,
+                max_pixels,
+                update,
+                address=ray_address,
+                cpus_per_worker=cpus_per_worker,
+                gpus_per_worker=gpus_per_worker,
+            )
+        else:
+            run_local(out, spec, shards, todo, num_workers, max_pixels, update)
     finally:
         if bar is not None:
             bar.close()
