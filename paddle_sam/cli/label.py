@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import bounded, positive
+from .common import bounded, check_one_source, positive
 from .everything import add_generator_args
 
 MAX_WORKERS = 256
@@ -15,16 +15,14 @@ MAX_SHARD_SIZE = 100_000
 
 
 def _prompts(args: argparse.Namespace) -> tuple[str, ...]:
+    from ..label.sources import read_lines
+
     prompts = list(args.text)
     if args.prompts is not None:
         path = Path(args.prompts)
         if not path.is_file():
             raise FileNotFoundError(f"--prompts file not found: {path}")
-        prompts += [
-            line.strip()
-            for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
+        prompts += read_lines(path)
     for p in prompts:
         if not p.strip():
             raise ValueError("--text is empty")
@@ -39,8 +37,7 @@ def cmd_label(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
     if args.everything == bool(prompts):
         raise ValueError("give either --everything (SAM v1) or --text / --prompts (SAM 3)")
-    if args.checkpoint is not None and args.exported is not None:
-        raise ValueError("give either --checkpoint or --exported, not both")
+    check_one_source(args)
     for name in ("checkpoint", "exported"):
         value = getattr(args, name)
         if value is not None and not Path(value).exists():

@@ -63,7 +63,7 @@ def label(
     prepare_output(out, description, resume, overwrite)
     shards = plan_shards(items, shard_size)
     todo = pending_shards(out, shards)
-    done = sum(len(shards[i]) for i in range(len(shards)) if i not in set(todo))
+    done = len(items) - sum(len(shards[i]) for i in todo)
     bar = None
     if progress:
         import sys

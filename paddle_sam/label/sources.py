@@ -49,11 +49,7 @@ def list_images(source: str | os.PathLike, image_root: str | os.PathLike | None 
         items = _coco_images(path, Path(image_root) if image_root else path.parent)
     elif path.suffix.lower() == ".txt" and path.is_file():
         base = Path(image_root) if image_root else path.parent
-        names = [
-            line.strip()
-            for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
+        names = read_lines(path)
         items = [ImageItem(i, n, str(base / n)) for i, n in enumerate(names, 1)]
     elif any(c in text for c in "*?["):
         files = sorted(glob.glob(text, recursive=True))
@@ -68,6 +64,16 @@ def list_images(source: str | os.PathLike, image_root: str | os.PathLike | None 
     if not items:
         raise ValueError(f"{source}: no images found")
     return items
+
+
+def read_lines(path: Path) -> list[str]:
+    """The entries of a text list: one per line, stripped; blank lines and ``#`` comments
+    skipped (image lists, prompt files)."""
+    return [
+        line.strip()
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def _coco_images(path: Path, root: Path) -> list[ImageItem]:

@@ -142,17 +142,25 @@ class ModelService:
                 for h in hooks:
                     h.remove()
             seconds = time.perf_counter() - t
-            state = {k: getattr(self.predictor, k) for k in self.state_keys}
+            state = self.current_state()
         progress[0] = progress[1]
         self.last_embed_seconds = seconds
         return state, seconds
 
+    def current_state(self) -> dict[str, Any]:
+        """The predictor's state for its current image (``session_state_keys``)."""
+        return {k: getattr(self.predictor, k) for k in self.state_keys}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put an image's state (from :meth:`embed`) back into the predictor; under the lock."""
+        for k, v in state.items():
+            setattr(self.predictor, k, v)
+        self.predictor.is_image_set = True
+
     def predict(self, state: dict[str, Any], **kwargs) -> tuple[np.ndarray, ...]:
         with self.lock:
             self._use_threads()
-            for k, v in state.items():
-                setattr(self.predictor, k, v)
-            self.predictor.is_image_set = True
+            self.restore(state)
             return self.predictor.predict(**kwargs)
 
     def yield_lock(self) -> None:
@@ -254,8 +262,8 @@ class _SessionGrid:
     is embedded on the shared predictor and its state kept here the same way."""
 
     def __init__(self, service: ModelService, session: Session) -> None:
+        self._service = service
         self._predictor = service.predictor
-        self._keys = service.state_keys
         self._session = session
         self._state: dict[str, Any] = {}
         self.transform = self._predictor.transform
@@ -275,12 +283,10 @@ class _SessionGrid:
             self._state = dict(self._session.state)  # the whole image: its embedding is kept
         else:  # a crop needs its own embedding
             self._predictor.set_image(image, image_format)
-            self._state = {k: getattr(self._predictor, k) for k in self._keys}
+            self._state = self._service.current_state()
 
     def predict_point_grid(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        for k, v in self._state.items():
-            setattr(self._predictor, k, v)
-        self._predictor.is_image_set = True
+        self._service.restore(self._state)
         return self._predictor.predict_point_grid(points)
 
     def reset_image(self) -> None:
