@@ -43,14 +43,16 @@ LABELS = {
 }
 
 
+def images_dir(work: Path, n: int) -> Path:
+    """The folder of exactly ``n`` generated images (one per count: a job labels a folder)."""
+    return work / f"images_{n}"
+
+
 def prepare(work: Path, n: int, args: argparse.Namespace) -> dict:
-    weights_file = work / "weights.json"
-    if not weights_file.is_file():
-        argv = ["--worker", "prepare", "--checkpoint", str(work), "--impl", "paddle,torch"]
-        argv += ["--points-per-side", str(args.points_per_side)]
-        script = Path(__file__).resolve().parent / "bench_sam_v1_everything.py"
-        weights_file.write_text(json.dumps(v1.run_child(argv, "weights", str(script))))
-    images = work / "images"
+    script = Path(__file__).resolve().parent / "bench_sam_v1_everything.py"
+    argv = ["--impl", "paddle,torch", "--points-per-side", str(args.points_per_side)]
+    weights = v1.prepared_weights(work, argv, str(script))
+    images = images_dir(work, n)
     images.mkdir(exist_ok=True)
     from PIL import Image
 
@@ -59,7 +61,7 @@ def prepare(work: Path, n: int, args: argparse.Namespace) -> dict:
         if not path.exists():
             img = v1.make_image((480, 640))
             Image.fromarray(np.roll(img, 37 * i, axis=1)).save(path)
-    return json.loads(weights_file.read_text())
+    return weights
 
 
 def run_torch(args: argparse.Namespace, weights: dict, images: Path) -> dict:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.worker == "torch":
         weights = json.loads((work / "weights.json").read_text())
-        res = run_torch(args, weights, work / "images")
+        res = run_torch(args, weights, images_dir(work, args.images))
         print(v1.RESULT_PREFIX + json.dumps(res), flush=True)
         return 0
     started = dt.datetime.now().astimezone()
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             argv_t += ["--points-per-side", str(args.points_per_side)]
             res = v1.run_child(argv_t, "torch loop", __file__)
         else:
-            res = run_label(config, args, weights, work / "images", work)
+            res = run_label(config, args, weights, images_dir(work, args.images), work)
             print(f"  {config}: {res['seconds']:.0f} s", file=sys.stderr, flush=True)
         results[config] = {**res, "load_avg_1min_before": load}
     n = args.images

@@ -386,19 +386,8 @@ def parent_main(args) -> None:
     started = dt.datetime.now().astimezone()
     with tempfile.TemporaryDirectory(prefix="bench_sam3_") as tmp:
         work = Path(args.workdir) if args.workdir else Path(tmp)
-        done = work / "weights.json"
-        if done.is_file():  # {impl: path} of an earlier run (or written by hand)
-            weights = {k: Path(v) for k, v in json.loads(done.read_text()).items()}
-            print(f"reusing the weights listed in {done}", file=sys.stderr, flush=True)
-        else:
-            work.mkdir(parents=True, exist_ok=True)
-            print(f"writing full-size SAM 3 weights to {work}", file=sys.stderr, flush=True)
-            prepare = ["--worker", "prepare", "--checkpoint", str(work)]
-            weights = {
-                k: Path(v)
-                for k, v in run_child(prepare + ["--impl", ",".join(args.impl)], "weights").items()
-            }
-            done.write_text(json.dumps({k: str(v) for k, v in weights.items()}))
+        prepare = ["--impl", ",".join(args.impl)]
+        weights = {k: Path(v) for k, v in v1.prepared_weights(work, prepare, __file__).items()}
         runs = collect(args, weights)
     summary = summarise(runs)
     info = machine_info(args, runs, started)

@@ -91,13 +91,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 def parent_main(args: argparse.Namespace) -> None:
     started = dt.datetime.now().astimezone()
     work = Path(args.workdir)
-    if not (work / "weights.json").is_file():
-        work.mkdir(parents=True, exist_ok=True)
-        prepare = ["--worker", "prepare", "--checkpoint", str(work), "--impl", "paddle,torch"]
-        script = Path(__file__).resolve().parent / "bench_sam3.py"
-        weights = v1.run_child(prepare, "weights", str(script))
-        (work / "weights.json").write_text(json.dumps(weights))
-    weights = json.loads((work / "weights.json").read_text())
+    script = Path(__file__).resolve().parent / "bench_sam3.py"
+    weights = v1.prepared_weights(work, ["--impl", "paddle,torch"], str(script))
     runs: dict[str, list[dict]] = {i: [] for i in args.impl}
     for r in range(1, args.rounds + 1):
         for impl in args.impl:

@@ -294,6 +294,22 @@ def run_child(argv: list[str], label: str, script: str = __file__) -> dict:
     return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
+def prepared_weights(work: Path, prepare_argv: list[str], script: str = __file__) -> dict:
+    """``{impl: path}`` of the weights a ``--worker prepare`` run of ``script`` writes into
+    ``work`` (``prepare_argv``: its other arguments), listed in ``work/weights.json``: reused
+    when that file exists (an earlier run, or written by hand), else prepared and listed."""
+    listed = work / "weights.json"
+    if listed.is_file():
+        print(f"reusing the weights listed in {listed}", file=sys.stderr, flush=True)
+        return json.loads(listed.read_text())
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"writing the weights to {work}", file=sys.stderr, flush=True)
+    argv = ["--worker", "prepare", "--checkpoint", str(work), *prepare_argv]
+    weights = run_child(argv, "weights", script)
+    listed.write_text(json.dumps({k: str(v) for k, v in weights.items()}))
+    return weights
+
+
 def worker_argv(args: argparse.Namespace, impl: str, checkpoint: Path) -> list[str]:
     argv = ["--worker", impl, "--checkpoint", str(checkpoint), "--model-type", args.model_type]
     argv += ["--repeats", str(args.repeats), "--prompts", str(args.prompts)]

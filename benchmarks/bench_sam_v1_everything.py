@@ -169,13 +169,6 @@ def write_weights(args: argparse.Namespace, tmp: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------------- parent
 
 
-def _decode(rec: dict) -> np.ndarray:
-    h, w = rec["size"]
-    counts = np.asarray(rec["counts"], np.int64)
-    flat = np.repeat(np.arange(len(counts)) % 2 == 1, counts)
-    return flat.reshape(w, h).T
-
-
 def compare(ours: list[dict], ref: list[dict]) -> dict:
     """Same masks? count, order (the prompt point of each record), pixel agreement, scores."""
     out = {"masks": len(ours), "ref_masks": len(ref)}
@@ -183,7 +176,9 @@ def compare(ours: list[dict], ref: list[dict]) -> dict:
         return out
     pairs = list(zip(ours, ref, strict=True))
     same_points = all(a["point_coords"] == b["point_coords"] for a, b in pairs)
-    agree = [float((_decode(a) == _decode(b)).mean()) for a, b in pairs]
+    from paddle_sam.predict.sam_v1.amg_utils import rle_to_mask
+
+    agree = [float((rle_to_mask(a) == rle_to_mask(b)).mean()) for a, b in pairs]
     identical = sum(a["counts"] == b["counts"] for a, b in pairs)
     diou = max((abs(a["predicted_iou"] - b["predicted_iou"]) for a, b in pairs), default=0)
     dstab = max((abs(a["stability_score"] - b["stability_score"]) for a, b in pairs), default=0)
@@ -204,16 +199,7 @@ def parent_main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_everything_") as tmp:
         tmp_path = Path(tmp)
         work = Path(args.workdir) if args.workdir else tmp_path
-        done = work / "weights.json"
-        if done.is_file():
-            weights = json.loads(done.read_text())
-            print(f"reusing the weights in {work}", file=sys.stderr, flush=True)
-        else:
-            work.mkdir(parents=True, exist_ok=True)
-            print(f"writing {args.model_type} weights to {work}", file=sys.stderr, flush=True)
-            prepare = ["--worker", "prepare", "--checkpoint", str(work), *common_argv(args)]
-            weights = base.run_child(prepare, "weights", __file__)
-            done.write_text(json.dumps(weights))
+        weights = base.prepared_weights(work, common_argv(args), __file__)
         for r in range(1, args.rounds + 1):
             for impl in args.impl:
                 records = tmp_path / f"{impl}_{r}.json"  # + ".check.json": the check run
