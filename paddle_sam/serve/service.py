@@ -266,9 +266,11 @@ class _SessionGrid:
         self._predictor = service.predictor
         self._session = session
         self._state: dict[str, Any] = {}
+        # what the generator reads of its predictor: the transform, and the dynamic model
+        # (threshold, device) or an exported runtime's own threshold
         self.transform = self._predictor.transform
-        threshold = getattr(self._predictor, "mask_threshold", None)
-        self.mask_threshold = service.model.mask_threshold if threshold is None else threshold
+        self.model = getattr(self._predictor, "model", None)
+        self.mask_threshold = getattr(self._predictor, "mask_threshold", None)
 
     @property
     def input_size(self) -> tuple[int, ...]:
