@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO   := outputs/demo
 
-.PHONY: demo test lint bench bench-serve chromium onnxruntime-web clean train-default
+.PHONY: demo test lint bench bench-serve chromium onnxruntime-web label-studio clean train-default
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,7 @@ train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage2.yaml
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage3.yaml
 
-test: $(VENV)/.installed-test chromium onnxruntime-web
+test: $(VENV)/.installed-test chromium onnxruntime-web label-studio
 	$(BIN)/python -m pytest -q
 
 # the browser test drives Debian's chromium (playwright never downloads one): install it once
@@ -82,6 +82,21 @@ onnxruntime-web:
 	  fi; \
 	fi
 
+# the Label Studio backend test starts a real Label Studio server: its pinned release in a venv
+# of its own (its pins clash with the test venv's OpenCV and pyarrow), about 1 GB and 3 minutes
+# once. Quick when present.
+LS_VERSION := 1.23.2
+LS_VENV    := .venv-label-studio
+label-studio: $(LS_VENV)/.installed-$(LS_VERSION)
+
+$(LS_VENV)/.installed-$(LS_VERSION): constraints-label-studio.txt
+	@echo "installing label-studio $(LS_VERSION) for the Label Studio backend test ($(LS_VENV))"
+	rm -rf $(LS_VENV)
+	$(PYTHON) -m venv $(LS_VENV)
+	$(LS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LS_VENV)/bin/pip install --quiet -c constraints-label-studio.txt label-studio==$(LS_VERSION)
+	touch $@
+
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check paddle_sam tests benchmarks
 	$(BIN)/ruff format --check paddle_sam tests benchmarks
@@ -93,4 +108,4 @@ bench-serve: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_serve.py
 
 clean:
-	rm -rf $(VENV) outputs test-artifacts .pytest_cache runs
+	rm -rf $(VENV) $(LS_VENV) outputs test-artifacts .pytest_cache runs

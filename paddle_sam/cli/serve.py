@@ -32,6 +32,10 @@ from .common import (
     positive,
 )
 
+LS_URL_ENV = "LABEL_STUDIO_URL"
+LS_KEY_ENV = "LABEL_STUDIO_API_KEY"
+BASIC_AUTH_PASS_ENV = "PADDLE_SAM_BASIC_AUTH_PASS"
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``serve``."""
@@ -114,6 +118,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=parse_confidence_threshold,
         default=0.5,
         help="SAM 3 only: keep instances scoring above this, in [0, 1) (default: %(default)s)",
+    )
+    ls = s.add_argument_group(
+        "Label Studio ML backend (--label-studio): Label Studio's /health, /setup, /predict and "
+        "/webhook instead of the page and its API"
+    )
+    ls.add_argument(
+        "--label-studio",
+        action="store_true",
+        help="answer Label Studio as its ML backend: brush masks for keypoint and rectangle "
+        "clicks, and (SAM 3) for text prompts and each brush label of the project",
+    )
+    ls.add_argument(
+        "--label-studio-url",
+        default=None,
+        metavar="URL",
+        help="where to download task images from (default: the address Label Studio sends "
+        f"when it connects; ${LS_URL_ENV})",
+    )
+    ls.add_argument(
+        "--label-studio-api-key",
+        default=None,
+        metavar="KEY",
+        help="the token to download them with (a legacy token or a personal access token; "
+        f"default: the one Label Studio sends when it connects; ${LS_KEY_ENV})",
+    )
+    ls.add_argument(
+        "--basic-auth-user",
+        default=None,
+        metavar="NAME",
+        help=f"require HTTP basic authentication with this user and the password in "
+        f"${BASIC_AUTH_PASS_ENV} (Label Studio's ML backend setting 'Basic Authentication')",
     )
     video = s.add_argument_group(
         "video mode (SAM 3 with its tracker: the released sam3.pt or a .pdparams converted from it)"
@@ -232,6 +267,42 @@ def _video_model(args: argparse.Namespace) -> tuple[object | None, str | None]:
     return None, f"this server's SAM 3 checkpoint has no video mode: {why}"
 
 
+def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
+    """The Label Studio backend's options, checked before the slow model load."""
+    if not args.label_studio:
+        given = [
+            flag
+            for flag, v in (
+                ("--label-studio-url", args.label_studio_url),
+                ("--label-studio-api-key", args.label_studio_api_key),
+                ("--basic-auth-user", args.basic_auth_user),
+            )
+            if v is not None
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to --label-studio only")
+        return {}
+    if token is not None:
+        raise ValueError(
+            "--label-studio takes no --token (Label Studio cannot send one): protect it with "
+            f"--basic-auth-user and ${BASIC_AUTH_PASS_ENV}"
+        )
+    url = args.label_studio_url or os.environ.get(LS_URL_ENV) or None
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ValueError(f"--label-studio-url must be an http(s) address, got {url!r}")
+    basic = None
+    if args.basic_auth_user is not None:
+        password = os.environ.get(BASIC_AUTH_PASS_ENV)
+        if not password:
+            raise ValueError(f"--basic-auth-user needs the password in ${BASIC_AUTH_PASS_ENV}")
+        basic = (args.basic_auth_user, password)
+    return {
+        "label_studio_url": url,
+        "api_key": args.label_studio_api_key or os.environ.get(LS_KEY_ENV) or None,
+        "basic_auth": basic,
+    }
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -241,8 +312,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_precision(args)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_token(token)
+    ls_options = _label_studio_options(args, token)
     _check_port(args.host, args.port)
-    warning = _exposure_warning(args.host, args.port, token)
+    warning = _exposure_warning(args.host, args.port, token or ls_options.get("basic_auth"))
     if warning is not None:
         print(warning, file=sys.stderr)
     sam3 = family(args) == "sam3"
@@ -256,7 +328,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
         if args.checkpoint is None:
             raise ValueError("--model-type sam3 needs --checkpoint (sam3.pt or a .pdparams)")
-        video_refusal = _video_refusal(args)
+        video_refusal = (
+            "no video mode with --label-studio" if args.label_studio else _video_refusal(args)
+        )
         if video_refusal is None:
             video, video_refusal = _video_model(args)
         if video is not None:
@@ -277,6 +351,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model = StaticSamPredictor(args.exported, precision=args.precision)
     else:
         model = load_model(args)
+    if args.label_studio:
+        from ..serve import create_label_studio_app
+
+        app = create_label_studio_app(
+            model,
+            model_type=args.model_type,
+            memory_budget_mb=args.memory_budget_mb,
+            max_image_pixels=args.max_image_pixels,
+            max_upload_mb=args.max_upload_mb,
+            session_ttl_s=args.session_ttl,
+            allowed_hosts=args.allow_host,
+            **ls_options,
+        )
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(
+            f"paddle-sam serve: Label Studio ML backend at http://{host}:{args.port} (add it "
+            "in the project's settings, Model; Ctrl+C to stop)",
+            file=sys.stderr,
+        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        return 0
     app = create_app(
         model,
         model_type=args.model_type,

@@ -164,6 +164,59 @@ def coco_rle(mask: np.ndarray) -> dict:
     return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
+# Label Studio's brush format packs (flag, size index, run length - 1, value) fields; a run
+# of equal values gets one field with the smallest of these length widths that holds it
+_LS_RUN_BITS = (3, 4, 8, 16)
+
+
+def label_studio_rle(mask: np.ndarray) -> list[int]:
+    """Label Studio's brush RLE of an ``H x W`` mask, as its ``value.rle``: the mask as RGBA
+    bytes (255 inside in every channel, 0 outside) packed in Label Studio's bit format (32-bit
+    value count, word size 8, run-length widths 3, 4, 8 and 16 bits), one field per run of
+    equal bytes (runs above 65536 bytes split)."""
+    flat = np.asarray(mask, dtype=bool).ravel()
+    n = flat.size * 4
+    if flat.size == 0:
+        raise ValueError("label_studio_rle: the mask is empty (0 pixels)")
+    # runs of equal pixels; each pixel is 4 equal bytes
+    change = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+    starts = np.concatenate(([0], change))
+    lengths = np.diff(np.concatenate((starts, [flat.size]))) * 4
+    values = np.where(flat[starts], 255, 0)
+    # split runs longer than the widest field holds
+    pieces = -(-lengths // (1 << _LS_RUN_BITS[-1]))
+    values = np.repeat(values, pieces)
+    run_id = np.repeat(np.arange(len(lengths)), pieces)
+    first = np.concatenate(([0], np.cumsum(pieces)[:-1]))
+    offset = np.arange(len(run_id)) - first[run_id]
+    lengths = np.minimum(lengths[run_id] - offset * (1 << _LS_RUN_BITS[-1]), 1 << _LS_RUN_BITS[-1])
+    widths = np.asarray(_LS_RUN_BITS)
+    size_index = np.searchsorted(1 << widths, lengths)  # smallest width with 2**width >= length
+    # fields per run: flag 1 bit (always a repeat), size index 2, length - 1, value 8
+    field_values = np.stack(
+        [np.ones_like(lengths), size_index, lengths - 1, values], axis=1
+    ).ravel()
+    field_widths = np.stack(
+        [
+            np.ones_like(lengths),
+            np.full_like(lengths, 2),
+            widths[size_index],
+            np.full_like(lengths, 8),
+        ],
+        axis=1,
+    ).ravel()
+    header_values = np.array([n, 7, *(w - 1 for w in _LS_RUN_BITS)], dtype=np.int64)
+    header_widths = np.array([32, 5, 4, 4, 4, 4], dtype=np.int64)
+    field_values = np.concatenate((header_values, field_values.astype(np.int64)))
+    field_widths = np.concatenate((header_widths, field_widths.astype(np.int64)))
+    # every field's bits, most significant first
+    bit_field = np.repeat(np.arange(len(field_widths)), field_widths)
+    field_start = np.concatenate(([0], np.cumsum(field_widths)[:-1]))
+    shift = field_widths[bit_field] - 1 - (np.arange(len(bit_field)) - field_start[bit_field])
+    bits = ((field_values[bit_field] >> shift) & 1).astype(np.uint8)
+    return np.packbits(bits).tolist()
+
+
 def _palette(n: int, seed: int = 3) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(40, 256, size=(max(n, 1), 3)).astype(np.float64)

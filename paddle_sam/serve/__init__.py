@@ -1,17 +1,19 @@
 """``paddle-sam serve``: an interactive segmentation service and its web page.
 
-``create_app`` is imported lazily so that building the CLI parser does not load FastAPI.
+``create_label_studio_app``: the same model as a Label Studio ML backend.
+
+Both are imported lazily so that building the CLI parser does not load FastAPI.
 """
 
 from __future__ import annotations
 
 
 def __getattr__(name: str):
-    if name == "create_app":
-        from .app import create_app
+    if name in ("create_app", "create_label_studio_app"):
+        from . import app
 
-        return create_app
+        return getattr(app, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "create_label_studio_app"]

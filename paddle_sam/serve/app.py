@@ -85,6 +85,23 @@ def _is_video(x: Any) -> bool:
     )
 
 
+def as_predictor(model_or_predictor: Any, caller: str) -> InteractivePredictor:
+    """A SAM model wrapped in a ``SamPredictor``, a SAM 3 image model in a ``Sam3Predictor``,
+    a predictor as it is; TypeError naming ``caller`` for anything else."""
+    from ..models.sam3.sam3_image import Sam3Image
+    from ..predict.sam3.predictor import Sam3Predictor
+
+    if isinstance(model_or_predictor, Sam):
+        return SamPredictor(model_or_predictor)
+    if isinstance(model_or_predictor, Sam3Image):
+        return Sam3Predictor(model_or_predictor)
+    if isinstance(model_or_predictor, PredictorBase | Sam3Predictor):
+        return model_or_predictor
+    raise TypeError(
+        f"{caller} needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
+    )
+
+
 def create_app(
     model_or_predictor: Any,
     *,
@@ -123,7 +140,6 @@ def create_app(
     ``max_video_pixels`` (per frame). Video sessions share ``memory_budget_mb`` with images.
     """
     check_token(token)
-    from ..models.sam3.sam3_image import Sam3Image
     from ..predict.sam3.predictor import Sam3Predictor
 
     if _is_video(model_or_predictor) and video is None:
@@ -132,18 +148,7 @@ def create_app(
         video = video_predictor(model_or_predictor)
         model_or_predictor = Sam3Predictor(image_model_of(video))
 
-    predictor: InteractivePredictor
-    if isinstance(model_or_predictor, Sam):
-        predictor = SamPredictor(model_or_predictor)
-    elif isinstance(model_or_predictor, Sam3Image):
-        predictor = Sam3Predictor(model_or_predictor)
-    elif isinstance(model_or_predictor, PredictorBase | Sam3Predictor):
-        predictor = model_or_predictor
-    else:
-        raise TypeError(
-            f"create_app needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
-        )
-    service = ModelService(predictor, model_type, threads)
+    service = ModelService(as_predictor(model_or_predictor, "create_app"), model_type, threads)
     videos: VideoService | None = None
 
     def on_drop(session: Any) -> None:
@@ -208,4 +213,63 @@ def create_app(
     return app
 
 
-__all__ = ["create_app"]
+def create_label_studio_app(
+    model_or_predictor: Any,
+    *,
+    model_type: str | None = None,
+    memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+    session_ttl_s: float | None = DEFAULT_SESSION_TTL_S,
+    threads: int | None = None,
+    basic_auth: tuple[str, str] | None = None,
+    allowed_hosts: list[str] | tuple[str, ...] | None = None,
+    label_studio_url: str | None = None,
+    api_key: str | None = None,
+) -> FastAPI:
+    """paddle-sam as a Label Studio ML backend (``label_studio``): ``/health``, ``/setup``,
+    ``/predict``, ``/webhook`` over a SAM model, a SAM 3 image model or a predictor.
+
+    Task embeddings share ``memory_budget_mb`` (least recently used out) and expire after
+    ``session_ttl_s``; downloaded images may have ``max_upload_mb`` bytes and
+    ``max_image_pixels`` pixels. ``basic_auth``: (user, password) that Label Studio sends
+    (its ML backend setting "Basic Authentication"). ``label_studio_url`` / ``api_key``:
+    where and with which token to download task images, instead of what ``/setup`` says.
+    """
+    from .label_studio import LabelStudioBackend, add_label_studio_routes
+
+    service = ModelService(
+        as_predictor(model_or_predictor, "create_label_studio_app"), model_type, threads
+    )
+    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s)
+    max_upload = int(max_upload_mb * 2**20)
+    backend = LabelStudioBackend(
+        service,
+        store,
+        max_image_pixels=max_image_pixels,
+        max_download=max_upload,
+        label_studio_url=label_studio_url,
+        api_key=api_key,
+    )
+    app = FastAPI(
+        title="paddle-sam (Label Studio ML backend)",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.backend = backend
+    # Label Studio sends a task list (and a labelling config) per request: JSON only
+    app.add_middleware(
+        RequestGuard,
+        basic_auth=basic_auth,
+        allowed_hosts=allowed_hosts,
+        max_upload=max_upload,
+        max_json=4 * MAX_JSON_BYTES,
+        pages=(),
+    )
+    add_error_handlers(app)
+    add_label_studio_routes(app, backend)
+    return app
+
+
+__all__ = ["as_predictor", "create_app", "create_label_studio_app"]

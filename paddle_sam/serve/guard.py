@@ -12,7 +12,8 @@ In this order, each refusal answered with the service's error JSON
    403 ``cross_origin``.
 3. With a token, every route but the pages (``GET /``, ``GET /video``) and ``/static/``
    needs ``Authorization: Bearer TOKEN``, compared in constant time: else 401
-   ``unauthorized``.
+   ``unauthorized``. With ``basic_auth`` (the Label Studio backend: Label Studio sends a user
+   and password), every route needs ``Authorization: Basic ...`` with them.
 4. An upload must be ``multipart/form-data``, or ``image/*`` for an image (``POST
    /sessions``) and ``video/*`` for a video (``POST /videos``): else 415
    ``unsupported_media_type`` (a page's cross-origin ``text/plain`` form cannot post one).
@@ -28,6 +29,8 @@ In this order, each refusal answered with the service's error JSON
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -130,9 +133,22 @@ class RequestGuard:
         max_upload: int,
         max_video_upload: int | None = None,
         max_json: int = MAX_JSON_BYTES,
+        basic_auth: tuple[str, str] | None = None,
+        pages: tuple[str, ...] = PAGES,
     ) -> None:
         self.app = app
+        if token is not None and basic_auth is not None:
+            raise ValueError("give a token or basic_auth, not both")
         self._token = _digest(check_token(token).encode()) if token is not None else None
+        self._basic = None
+        if basic_auth is not None:
+            user, password = basic_auth
+            if not user or ":" in user or not password:
+                raise ValueError(
+                    "basic_auth needs a user name without ':' and a non-empty password"
+                )
+            self._basic = _digest(f"{user}:{password}".encode())
+        self.pages = pages
         names = {host_name(h) for h in allowed_hosts or ()}
         self.any_host = "*" in names
         self.allowed_hosts = LOOPBACK_NAMES | (names - {"*"})
@@ -191,8 +207,15 @@ class RequestGuard:
                 f"requests from another web page (Sec-Fetch-Site: {site}) are refused",
             )
         public = scope["method"] in ("GET", "HEAD") and (
-            scope["path"] in PAGES or scope["path"].startswith("/static/")
+            scope["path"] in self.pages or scope["path"].startswith("/static/")
         )
+        if self._basic is not None and not self._basic_authorized(headers):
+            return error_response(
+                401,
+                "unauthorized",
+                "this server needs its user name and password (HTTP basic authentication)",
+                headers={"WWW-Authenticate": 'Basic realm="paddle-sam"'},
+            )
         if self._token is not None and not public and not self._authorized(headers):
             return error_response(
                 401,
@@ -218,6 +241,16 @@ class RequestGuard:
             return False
         # digests of equal length: the comparison's time says nothing about the token
         return hmac.compare_digest(_digest(credentials.strip().encode("latin-1")), self._token)
+
+    def _basic_authorized(self, headers: Headers) -> bool:
+        scheme, _, credentials = headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "basic" or self._basic is None:
+            return False
+        try:
+            pair = base64.b64decode(credentials.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return hmac.compare_digest(_digest(pair), self._basic)
 
     def _too_large(self, upload: str | None, limit: int, what: str) -> JSONResponse:
         if upload is not None:

@@ -1,0 +1,482 @@
+"""The Label Studio ML backend (``paddle-sam serve --label-studio``).
+
+In-process: the labelling config and click context parsing, the protocol's routes, errors, basic
+authentication. Against a real Label Studio (the pinned release in ``.venv-label-studio``, which
+``make test`` installs; started here on 127.0.0.1 with a throwaway data dir, stopped after): a
+project created through its API, the backend connected, an image task imported, predictions
+obtained through Label Studio itself (interactive clicks, SAM 3 text and pre-labelling), and the
+brush results decoded by Label Studio's own RLE decoder equal to the masks our predictors return.
+Without that venv the server tests skip, and fail in CI.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from paddle_sam.predict.io import label_studio_rle
+from paddle_sam.predict.sam_v1.predictor import SamPredictor
+from paddle_sam.serve import create_label_studio_app
+from paddle_sam.serve.label_studio import parse_context, parse_label_config
+from tests.helpers.server import (
+    ThreadedServer,
+    assert_error,
+    png_bytes,
+    sam3_threshold,
+    tiny_model,
+    tiny_sam3_model,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+LS_BIN = ROOT / ".venv-label-studio" / "bin"
+LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
+
+CONFIG = """<View>
+  <Image name="image" value="$image"/>
+  <BrushLabels name="tag" toName="image">
+    <Label value="star" background="#ff0000"/>
+    <Label value="ring" background="#0000ff"/>
+  </BrushLabels>
+  <KeyPointLabels name="kp" toName="image" smart="true">
+    <Label value="star" smart="true"/>
+  </KeyPointLabels>
+  <RectangleLabels name="box" toName="image" smart="true">
+    <Label value="ring" smart="true"/>
+  </RectangleLabels>
+  <TextArea name="prompt" toName="image" editable="true" rows="1"/>
+</View>"""
+
+
+def scene(h: int = 96, w: int = 160) -> np.ndarray:
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) % 256], axis=-1).astype(np.uint8)
+    img[20:60, 30:90] = (250, 40, 40)
+    img[50:80, 100:140] = (30, 30, 220)
+    return img
+
+
+def keypoint(x: float, y: float, label: str = "star", positive: bool = True) -> dict:
+    return {
+        "type": "keypointlabels",
+        "from_name": "kp",
+        "to_name": "image",
+        "original_width": 160,
+        "original_height": 96,
+        "is_positive": positive,
+        "value": {"x": x, "y": y, "width": 0.5, "keypointlabels": [label]},
+    }
+
+
+def rectangle(x: float, y: float, w: float, h: float, label: str = "ring") -> dict:
+    return {
+        "type": "rectanglelabels",
+        "from_name": "box",
+        "to_name": "image",
+        "value": {"x": x, "y": y, "width": w, "height": h, "rectanglelabels": [label]},
+    }
+
+
+def textarea(text: str) -> dict:
+    value = {"text": [text]}
+    return {"type": "textarea", "from_name": "prompt", "to_name": "image", "value": value}
+
+
+def data_url(image: np.ndarray) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode()
+
+
+# -- in-process ------------------------------------------------------------------------------
+
+
+def test_label_config_parsing():
+    c = parse_label_config(CONFIG)
+    assert (c.image, c.image_key, c.brush, c.labels) == ("image", "image", "tag", ["star", "ring"])
+    assert c.label_for(" Star ") == "star" and c.label_for("car") is None
+    with pytest.raises(ValueError, match="no <BrushLabels>"):
+        parse_label_config('<View><Image name="i" value="$img"/></View>')
+    with pytest.raises(ValueError, match="no <Image>"):
+        parse_label_config("<View><Text name='t' value='$text'/></View>")
+    with pytest.raises(ValueError, match="not valid XML"):
+        parse_label_config("<View><Image")
+
+
+def test_context_in_pixels():
+    p = parse_context(
+        {"result": [keypoint(25, 50), keypoint(50, 25, positive=False), rectangle(10, 20, 30, 40)]},
+        160,
+        96,
+    )
+    assert p.points == [[40.0, 48.0], [80.0, 24.0]]
+    assert p.point_labels == [1, 0]
+    assert p.box == pytest.approx([16.0, 19.2, 64.0, 57.6])
+    assert p.label == "ring" and p.text is None
+    assert parse_context({"result": [textarea(" red star ")]}, 10, 10).text == "red star"
+    with pytest.raises(ValueError, match=r"result\[0\]\.value\.x must be a number"):
+        parse_context({"result": [keypoint("a", 3)]}, 10, 10)
+
+
+def test_label_studio_rle_runs():
+    """Structure of the packed stream (its decoding is checked by Label Studio's own decoder
+    in the server tests): 32-bit count of RGBA bytes, word size 8, widths 3/4/8/16."""
+    mask = np.zeros((300, 300), dtype=bool)
+    rle = label_studio_rle(mask)
+    bits = "".join(f"{b:08b}" for b in rle)
+    assert int(bits[:32], 2) == 300 * 300 * 4
+    assert int(bits[32:37], 2) + 1 == 8
+    assert [int(bits[37 + 4 * i : 41 + 4 * i], 2) + 1 for i in range(4)] == [3, 4, 8, 16]
+    # 360000 zero bytes: 5 full runs of 65536 and one of 32320, each 1+2+16+8 bits
+    assert len(bits) == -(-(53 + 6 * 27) // 8) * 8
+    with pytest.raises(ValueError, match="empty"):
+        label_studio_rle(np.zeros((0, 4), dtype=bool))
+
+
+@pytest.fixture(scope="module")
+def sam_v1():
+    return tiny_model(0)
+
+
+def test_predict_clicks_in_process(sam_v1):
+    """/predict with a data: URL task: the brush mask is the predictor's best mask; the task's
+    embedding is computed once for several requests."""
+    image = scene()
+    client = TestClient(create_label_studio_app(sam_v1))
+    assert client.get("/health").json()["status"] == "UP"
+    r = client.post("/setup", json={"project": "3.1700000000", "schema": CONFIG})
+    assert r.status_code == 200 and r.json()["model_version"].startswith("paddle-sam-")
+    task = {"id": 7, "data": {"image": data_url(image)}}
+    ctx = {"result": [keypoint(25, 50)]}
+    body = {"tasks": [task], "project": "3.1700000000", "params": {"context": ctx}}
+    out = client.post("/predict", json=body).json()["results"]
+    pred = SamPredictor(sam_v1)
+    pred.set_image(image)
+    masks, scores, _ = pred.predict(np.array([[40.0, 48.0]]), np.array([1]), multimask_output=True)
+    (region,) = out[0]["result"]
+    assert region["value"]["brushlabels"] == ["star"]
+    assert region["value"]["rle"] == label_studio_rle(masks[int(np.argmax(scores))])
+    assert region["score"] == pytest.approx(float(scores.max()), abs=1e-6)
+    backend = client.app.state.backend
+    session = backend.store.sessions()[0]
+    ctx["result"].append(rectangle(10, 20, 40, 50))
+    out2 = client.post("/predict", json=body).json()["results"]
+    assert out2[0]["result"][0]["value"]["brushlabels"] == ["ring"]
+    assert backend.store.sessions() == [session]  # embedded once
+    # no context: SAM v1 has nothing to answer
+    body["params"] = {}
+    assert client.post("/predict", json=body).json() == {"results": []}
+    assert client.post("/webhook", json={"action": "ANNOTATION_CREATED"}).json()["status"] == "ok"
+
+
+def test_errors_in_process(sam_v1):
+    client = TestClient(create_label_studio_app(sam_v1))
+    assert_error(
+        client.post("/setup", json={"project": "1.1", "schema": "<View/>"}),
+        400,
+        "invalid_label_config",
+        "<Image>",
+    )
+    task = {"id": 1, "data": {"picture": "x"}}
+    body = {"tasks": [task], "label_config": CONFIG}
+    assert_error(client.post("/predict", json=body), 400, "invalid_task", "data.image")
+    body["tasks"] = [{"id": 1, "data": {"image": "/data/upload/1/a.png"}}]
+    assert_error(client.post("/predict", json=body), 400, "no_label_studio_url", "/setup")
+    body["tasks"] = [{"id": 1, "data": {"image": "s3://bucket/a.png"}}]
+    assert_error(client.post("/predict", json=body), 400, "unsupported_image_url", "s3")
+    body["tasks"] = [{"id": 1, "data": {"image": "data:image/png;base64," + "QUJD"}}]
+    assert_error(client.post("/predict", json=body), 400, "invalid_image", "not a readable")
+    body["tasks"] = [{"id": 2, "data": {"image": data_url(scene())}}]
+    body["params"] = {"context": {"result": [textarea("star")]}}
+    assert_error(client.post("/predict", json=body), 400, "text_not_supported", "SAM 3")
+    body["params"] = {"context": {"result": [keypoint(None, 3)]}}
+    assert_error(client.post("/predict", json=body), 400, "invalid_context", "value.x")
+    assert_error(
+        client.post("/predict", content=b"{", headers={"content-type": "application/json"}),
+        400,
+        "invalid_json",
+        "not JSON",
+    )
+    assert_error(client.post("/predict", json={"tasks": 3}), 400, "invalid_request", "tasks")
+
+
+def test_basic_auth(sam_v1):
+    client = TestClient(create_label_studio_app(sam_v1, basic_auth=("ls", "s3cret")))
+    r = client.get("/health")
+    assert_error(r, 401, "unauthorized", "basic")
+    assert r.headers["www-authenticate"].startswith("Basic")
+    assert client.get("/health", auth=("ls", "wrong")).status_code == 401
+    assert client.get("/health", auth=("ls", "s3cret")).json()["status"] == "UP"
+
+
+def test_cli_refusals(capsys):
+    from paddle_sam.cli import main
+
+    assert main(["serve", "--label-studio", "--token", "abc"]) == 2
+    assert "--label-studio takes no --token" in capsys.readouterr().err
+    env = os.environ.pop("PADDLE_SAM_BASIC_AUTH_PASS", None)
+    try:
+        assert main(["serve", "--label-studio", "--basic-auth-user", "ls"]) == 2
+        assert "PADDLE_SAM_BASIC_AUTH_PASS" in capsys.readouterr().err
+    finally:
+        if env is not None:
+            os.environ["PADDLE_SAM_BASIC_AUTH_PASS"] = env
+    assert main(["serve", "--label-studio-url", "http://x"]) == 2
+    assert "apply to --label-studio only" in capsys.readouterr().err
+
+
+# -- against a real Label Studio --------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LabelStudio:
+    """A Label Studio server on 127.0.0.1 with a throwaway data dir, and its REST API."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
+            # the backend runs on loopback, which Label Studio refuses by default (SSRF guard)
+            "ML_BLOCK_LOCAL_IP": "false",
+            "SSRF_PROTECTION_ENABLED": "false",
+            "SENTRY_DSN": "",
+            "FRONTEND_SENTRY_DSN": "",
+        }
+        cmd = [
+            str(LS_BIN / "label-studio"),
+            "start",
+            "--no-browser",
+            "--internal-host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(data_dir),
+            "--username",
+            "test@example.com",
+            "--password",
+            "paddle-sam-test",
+            "--user-token",
+            LS_TOKEN,
+            "--enable-legacy-api-token",
+        ]
+        self.log = open(data_dir / "label-studio.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait(self, timeout: float = 400.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"label-studio exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"label-studio did not answer within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+    def api(self, method: str, path: str, body=None, files=None) -> object:
+        headers = {"Authorization": f"Token {LS_TOKEN}"}
+        data = None
+        if files is not None:
+            boundary = "paddlesamboundary"
+            name, content = files
+            data = (
+                (
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+                    f'filename="{name}"\r\nContent-Type: image/png\r\n\r\n'
+                ).encode()
+                + content
+                + f"\r\n--{boundary}--\r\n".encode()
+            )
+            headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
+        elif body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{method} {path}: {exc.code} {exc.read()[:2000]!r}") from None
+
+
+@pytest.fixture(scope="module")
+def label_studio(tmp_path_factory):
+    if not (LS_BIN / "label-studio").is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"{LS_BIN}/label-studio is missing in CI; 'make test' installs it")
+        pytest.skip("Label Studio not installed here ('make label-studio'); CI runs these tests")
+    data = tmp_path_factory.mktemp("label-studio")
+    ls = LabelStudio(data)
+    try:
+        ls.wait()
+        yield ls
+    finally:
+        ls.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def ls_decode(results: list[dict]) -> list[np.ndarray]:
+    """Brush results decoded by Label Studio's own decoder (label_studio_sdk, in its venv)."""
+    script = (
+        "import json, sys, numpy as np\n"
+        "from label_studio_sdk.converter.brush import decode_rle\n"
+        "out = []\n"
+        "for r in json.load(sys.stdin):\n"
+        "    h, w = r['original_height'], r['original_width']\n"
+        "    a = decode_rle(r['value']['rle']).reshape(h, w, 4)\n"
+        "    assert all((a[..., c] == a[..., 3]).all() for c in range(3))\n"
+        "    out.append((a[..., 3] > 127).astype(int).ravel().tolist())\n"
+        "json.dump(out, sys.stdout)\n"
+    )
+    run = subprocess.run(
+        [str(LS_BIN / "python"), "-c", script],
+        input=json.dumps(results),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [
+        np.asarray(flat, dtype=bool).reshape(r["original_height"], r["original_width"])
+        for flat, r in zip(json.loads(run.stdout), results, strict=True)
+    ]
+
+
+def new_project(ls: LabelStudio, backend_url: str, image: np.ndarray) -> tuple[int, int, int]:
+    """A project with CONFIG, one uploaded image task and the backend connected:
+    (project id, task id, ML backend id)."""
+    project = ls.api("POST", "/api/projects", {"title": "paddle-sam test", "label_config": CONFIG})
+    pid = project["id"]
+    ls.api("POST", f"/api/projects/{pid}/import", files=("scene.png", png_bytes(image)))
+    tasks = ls.api("GET", f"/api/tasks?project={pid}")["tasks"]
+    (task,) = tasks
+    assert task["data"]["image"].startswith("/data/upload/")
+    ml = ls.api(
+        "POST",
+        "/api/ml",
+        {"url": backend_url, "project": pid, "is_interactive": True, "title": "paddle-sam"},
+    )
+    assert ml["readable_state"] == "Connected", ml
+    return pid, task["id"], ml["id"]
+
+
+def test_clicks_through_label_studio(label_studio, sam_v1):
+    """SAM v1: keypoints and a box sent through Label Studio's interactive annotation; its own
+    decoder turns our brush results into the masks the predictor returns."""
+    image = scene()
+    with ThreadedServer(create_label_studio_app(sam_v1)) as backend:
+        pid, task, ml = new_project(label_studio, backend.url, image)
+        ml_info = label_studio.api("GET", f"/api/ml/{ml}")
+        assert ml_info["model_version"].startswith("paddle-sam-")
+        pred = SamPredictor(sam_v1)
+        pred.set_image(image)
+        cases = [
+            ([keypoint(25, 50)], dict(point_coords=[[40.0, 48.0]], point_labels=[1]), True),
+            (
+                [keypoint(25, 50), keypoint(75, 75, positive=False), rectangle(10, 20, 50, 50)],
+                dict(
+                    point_coords=[[40.0, 48.0], [120.0, 72.0]],
+                    point_labels=[1, 0],
+                    box=[16.0, 19.2, 96.0, 67.2],
+                ),
+                False,
+            ),
+        ]
+        for context, prompt, multimask in cases:
+            answer = label_studio.api(
+                "POST",
+                f"/api/ml/{ml}/interactive-annotating",
+                {"task": task, "context": {"result": context}},
+            )
+            (region,) = answer["data"]["result"]
+            assert region["type"] == "brushlabels" and region["from_name"] == "tag"
+            assert region["value"]["brushlabels"] == [context[-1]["value"][context[-1]["type"]][0]]
+            (got,) = ls_decode([region])
+            kwargs = {k: np.asarray(v, dtype=np.float64) for k, v in prompt.items()}
+            masks, scores, _ = pred.predict(**kwargs, multimask_output=multimask)
+            want = masks[int(np.argmax(scores))]
+            assert got.shape == image.shape[:2]
+            assert want.any() and (got == want).all()
+
+
+@pytest.fixture(scope="module")
+def sam3_predictor():
+    from paddle_sam.predict.sam3.predictor import Sam3Predictor
+
+    model = tiny_sam3_model(0)
+    threshold = sam3_threshold(model, scene(), text="star", keep=3)
+    return Sam3Predictor(model, confidence_threshold=threshold)
+
+
+def test_sam3_text_through_label_studio(label_studio, sam3_predictor):
+    """SAM 3: Label Studio's "retrieve predictions" pre-labels the task with every brush label
+    as a concept, and a TextArea prompt asks for one; each instance is a brush region that Label
+    Studio's decoder turns into the mask of our predictor's answer, in its order."""
+    image = scene()
+    sam3_predictor.set_image(image)
+    want = {t: sam3_predictor.ground(t) for t in ("star", "ring")}
+    assert len(want["star"].masks) == 3
+    with ThreadedServer(create_label_studio_app(sam3_predictor)) as backend:
+        pid, task, ml = new_project(label_studio, backend.url, image)
+        done = label_studio.api(
+            "POST",
+            f"/api/dm/actions?id=retrieve_tasks_predictions&project={pid}",
+            {"selectedItems": {"all": True, "excluded": []}},
+        )
+        assert "1 predictions" in done.get("detail", ""), done
+        (prediction,) = label_studio.api("GET", f"/api/predictions?task={task}")
+        assert prediction["model_version"].startswith("paddle-sam-")
+        regions = prediction["result"]
+        n_star, n_ring = len(want["star"].masks), len(want["ring"].masks)
+        assert [r["value"]["brushlabels"][0] for r in regions] == ["star"] * n_star + [
+            "ring"
+        ] * n_ring
+        got = ls_decode(regions)
+        expected = list(want["star"].masks) + list(want["ring"].masks)
+        for g, w in zip(got, expected, strict=True):
+            assert (g == w).all()
+        scores = [r["score"] for r in regions]
+        assert scores == pytest.approx(
+            list(want["star"].scores) + list(want["ring"].scores), abs=1e-6
+        )
+        answer = label_studio.api(
+            "POST",
+            f"/api/ml/{ml}/interactive-annotating",
+            {"task": task, "context": {"result": [textarea("Star")]}},
+        )
+        regions = answer["data"]["result"]
+        assert [r["value"]["brushlabels"] for r in regions] == [["star"]] * n_star
+        for g, w in zip(ls_decode(regions), want["star"].masks, strict=True):
+            assert (g == w).all()
