@@ -1,16 +1,25 @@
-"""Dataset labelling throughput on the CPU: ``paddle-sam label --everything`` with the local
-engine (1 and 2 workers) and the Ray engine on a two-node local cluster, against a plain Python
-loop over segment-anything's generator, same weights and images.
+"""Dataset labelling throughput on the CPU: ``paddle-sam label`` with the local engine (1 and
+2 workers) and the Ray engine on a two-node local cluster, against a plain Python loop over the
+official predictor, same weights and images. Two jobs (``--mode``):
 
-    python benchmarks/bench_label.py --workdir /tmp/lb [--images 4] [--points-per-side 16]
+- ``everything``: ``label --everything`` (ViT-B, ``--points-per-side``) against a loop over
+  segment-anything's ``SamAutomaticMaskGenerator(sam).generate`` with the same options;
+  weights: ``bench_sam_v1_everything.py``'s (ViT-B random init with the IoU and mask heads
+  rescaled so the filters keep masks), prepared in ``--workdir`` (reused).
+- ``concepts``: ``label --text star --text ring`` (full-size SAM 3) against a loop over the
+  official sam3 ``Sam3Processor`` (``set_image``, then ``set_text_prompt`` per concept after
+  ``reset_all_prompts``; threshold 0.5 on both sides); weights: ``--sam3-weights``, a
+  ``weights.json`` listing ``{"paddle": x.pdparams, "torch": x.pt}`` (``bench_sam3.py
+  --workdir`` writes one; without it, full-size random weights are written to ``--workdir``).
 
-Weights: ``bench_sam_v1_everything.py``'s (ViT-B random init with the IoU and mask heads
-rescaled so the filters keep masks), prepared in ``--workdir`` (reused). Images: ``--images``
-generated 480 x 640 scenes. Every configuration runs in its own process (the Ray one on a
-cluster of two nodes started for it on 127.0.0.1, one CPU each, stopped afterwards); the time
-is the whole job, model loading and worker start-up included, so images/s is what a user sees
-for that many images. The torch loop is ``SamAutomaticMaskGenerator(sam).generate`` per image
-with the same options. SAM 3 concepts are not measured yet.
+    python benchmarks/bench_label.py --workdir /tmp/lb [--mode everything] [--images 4]
+    python benchmarks/bench_label.py --workdir /tmp/lb --mode concepts \
+        --sam3-weights DIR/weights.json
+
+Images: ``--images`` generated 480 x 640 scenes. Every configuration runs in its own process
+(the Ray one on a cluster of two nodes started for it on 127.0.0.1, one CPU each, stopped
+afterwards); the time is the whole job, model loading and worker start-up included, so
+images/s is what a user sees for that many images.
 
 This is a measurement, not a test: no thresholds, exit 0 whatever the figures.
 """
@@ -41,6 +50,11 @@ LABELS = {
     "ray2": "paddle-sam label, Ray engine, 2 nodes x 1 actor",
     "torch": "plain loop over segment-anything's generator",
 }
+TORCH_LOOPS = {
+    "everything": "plain loop over segment-anything's generator",
+    "concepts": "plain loop over sam3's Sam3Processor",
+}
+CONCEPTS = ("star", "ring")
 
 
 def images_dir(work: Path, n: int) -> Path:
@@ -48,10 +62,27 @@ def images_dir(work: Path, n: int) -> Path:
     return work / f"images_{n}"
 
 
+def sam3_weights(work: Path, given: str | None) -> dict:
+    """``{"paddle": ..., "torch": ...}`` of full-size SAM 3: ``given`` (a weights.json), else
+    random weights written to ``work`` once (``bench_sam3.write_weights``)."""
+    if given is not None:
+        return json.loads(Path(given).read_text())
+    listing = work / "sam3_weights.json"
+    if not listing.is_file():
+        import bench_sam3
+
+        paths = bench_sam3.write_weights(("paddle", "torch"), work)
+        listing.write_text(json.dumps({k: str(v) for k, v in paths.items()}))
+    return json.loads(listing.read_text())
+
+
 def prepare(work: Path, n: int, args: argparse.Namespace) -> dict:
-    script = Path(__file__).resolve().parent / "bench_sam_v1_everything.py"
-    argv = ["--impl", "paddle,torch", "--points-per-side", str(args.points_per_side)]
-    weights = v1.prepared_weights(work, argv, str(script))
+    if args.mode == "concepts":
+        weights = sam3_weights(work, args.sam3_weights)
+    else:
+        script = Path(__file__).resolve().parent / "bench_sam_v1_everything.py"
+        argv = ["--impl", "paddle,torch", "--points-per-side", str(args.points_per_side)]
+        weights = v1.prepared_weights(work, argv, str(script))
     images = images_dir(work, n)
     images.mkdir(exist_ok=True)
     from PIL import Image
@@ -64,7 +95,38 @@ def prepare(work: Path, n: int, args: argparse.Namespace) -> dict:
     return weights
 
 
+def run_torch_concepts(weights: dict, images: Path) -> dict:
+    import torch
+    from PIL import Image
+    from sam3 import model_builder
+    from sam3.model.sam3_image_processor import Sam3Processor
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
+    from tests.helpers.sam3_ref import cpu_patches  # sam3 0.1.4's CUDA-only spots
+
+    t = time.perf_counter()
+    found = 0
+    with cpu_patches(), torch.inference_mode():
+        model = model_builder.build_sam3_image_model(
+            bpe_path=str(DEFAULT_BPE_PATH),
+            device="cpu",
+            checkpoint_path=weights["torch"],
+            load_from_HF=False,
+        )
+        processor = Sam3Processor(model, device="cpu", confidence_threshold=0.5)
+        for path in sorted(images.glob("*.png")):
+            state = processor.set_image(Image.open(path).convert("RGB"))
+            for text in CONCEPTS:
+                processor.reset_all_prompts(state)
+                state = processor.set_text_prompt(text, state)
+                found += len(state["scores"])
+    return {"seconds": time.perf_counter() - t, "annotations": found}
+
+
 def run_torch(args: argparse.Namespace, weights: dict, images: Path) -> dict:
+    if args.mode == "concepts":
+        return run_torch_concepts(weights, images)
     import torch
     from PIL import Image
     from segment_anything import SamAutomaticMaskGenerator, sam_model_registry
@@ -81,8 +143,10 @@ def run_torch(args: argparse.Namespace, weights: dict, images: Path) -> dict:
 
 def _label_argv(args, weights: dict, images: Path, out: Path) -> list[str]:
     argv = [sys.executable, "-m", "paddle_sam", "label", str(images), "-o", str(out)]
-    argv += ["--everything", "--checkpoint", weights["paddle"], "--overwrite", "--quiet"]
-    return argv + ["--points-per-side", str(args.points_per_side), "--shard-size", "1"]
+    argv += ["--checkpoint", weights["paddle"], "--overwrite", "--quiet", "--shard-size", "1"]
+    if args.mode == "concepts":
+        return argv + [x for c in CONCEPTS for x in ("--text", c)]
+    return argv + ["--everything", "--points-per-side", str(args.points_per_side)]
 
 
 def run_label(config: str, args, weights: dict, images: Path, work: Path) -> dict:
@@ -119,14 +183,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", required=True)
     p.add_argument("--images", type=v1.positive, default=4)
     p.add_argument("--points-per-side", type=v1.positive, default=16)
+    p.add_argument("--mode", choices=("everything", "concepts"), default="everything")
+    p.add_argument("--sam3-weights", default=None, help="--mode concepts: a weights.json")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    n_img = args.images
     if args.worker == "torch":
-        weights = json.loads((work / "weights.json").read_text())
+        if args.mode == "concepts":
+            weights = sam3_weights(work, args.sam3_weights)
+        else:
+            weights = json.loads((work / "weights.json").read_text())
         res = run_torch(args, weights, images_dir(work, args.images))
         print(v1.RESULT_PREFIX + json.dumps(res), flush=True)
         return 0
@@ -136,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     for config in [c for c in args.configs.split(",") if c in CONFIGS]:
         load = os.getloadavg()[0]
         if config == "torch":
-            argv_t = ["--worker", "torch", "--workdir", str(work)]
-            argv_t += ["--points-per-side", str(args.points_per_side)]
+            argv_t = ["--worker", "torch", "--workdir", str(work), "--mode", args.mode]
+            argv_t += ["--points-per-side", str(args.points_per_side), "--images", str(n_img)]
+            if args.sam3_weights:
+                argv_t += ["--sam3-weights", args.sam3_weights]
             res = v1.run_child(argv_t, "torch loop", __file__)
         else:
             res = run_label(config, args, weights, images_dir(work, args.images), work)
@@ -152,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{r['seconds'] / results['torch']['seconds']:.2f}"
         rows.append(
             [
-                LABELS[c],
+                TORCH_LOOPS[args.mode] if c == "torch" else LABELS[c],
                 f"{r['seconds']:.1f}",
                 f"{n / r['seconds']:.3f}",
                 ratio,
@@ -164,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         ("cpu", v1._cpu_model()),
         ("cpu flags", v1.cpu_flags()),
         ("cores (affinity)", str(len(os.sched_getaffinity(0)))),
-        ("settings", f"ViT-B, {n} images 480x640, {args.points_per_side}^2 points, shard size 1"),
+        (
+            "settings",
+            f"ViT-B, {n} images 480x640, {args.points_per_side}^2 points, shard size 1"
+            if args.mode == "everything"
+            else f"SAM 3 full size, {n} images 480x640, concepts {', '.join(CONCEPTS)}, "
+            "threshold 0.5, shard size 1",
+        ),
     ]
     notes = []
     if "ray2" in results and "local2" in results:
@@ -177,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(notes))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"label_{started.strftime('%Y%m%d-%H%M%S')}"
+    stem = f"label_{args.mode}_{started.strftime('%Y%m%d-%H%M%S')}"
     with open(out / f"{stem}.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["config", "seconds", "images_per_s", "annotations"])

@@ -351,20 +351,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model = StaticSamPredictor(args.exported, precision=args.precision)
     else:
         model = load_model(args)
+    common = {
+        "model_type": args.model_type,
+        "memory_budget_mb": args.memory_budget_mb,
+        "max_image_pixels": args.max_image_pixels,
+        "max_upload_mb": args.max_upload_mb,
+        "session_ttl_s": args.session_ttl,
+        "allowed_hosts": args.allow_host,
+    }
+    host = f"[{args.host}]" if ":" in args.host else args.host
     if args.label_studio:
         from ..serve import create_label_studio_app
 
-        app = create_label_studio_app(
-            model,
-            model_type=args.model_type,
-            memory_budget_mb=args.memory_budget_mb,
-            max_image_pixels=args.max_image_pixels,
-            max_upload_mb=args.max_upload_mb,
-            session_ttl_s=args.session_ttl,
-            allowed_hosts=args.allow_host,
-            **ls_options,
-        )
-        host = f"[{args.host}]" if ":" in args.host else args.host
+        app = create_label_studio_app(model, **common, **ls_options)
         print(
             f"paddle-sam serve: Label Studio ML backend at http://{host}:{args.port} (add it "
             "in the project's settings, Model; Ctrl+C to stop)",
@@ -374,13 +373,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     app = create_app(
         model,
-        model_type=args.model_type,
-        memory_budget_mb=args.memory_budget_mb,
-        max_image_pixels=args.max_image_pixels,
-        max_upload_mb=args.max_upload_mb,
-        session_ttl_s=args.session_ttl,
+        **common,
         token=token,
-        allowed_hosts=args.allow_host,
         max_queued_jobs=args.max_queued_jobs,
         video=video,
         video_refusal=video_refusal,
@@ -389,7 +383,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_video_seconds=args.max_video_seconds,
         max_video_pixels=args.max_video_pixels,
     )
-    host = f"[{args.host}]" if ":" in args.host else args.host
     page = f"http://{host}:{args.port}/" + (f"#token={token}" if token else "")
     print(f"paddle-sam serve: {page} (Ctrl+C to stop)", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

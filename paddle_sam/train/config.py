@@ -79,7 +79,9 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     warmup_steps: int = 100
-    decay: str = "cosine"  # cosine, linear or none (after warm-up)
+    decay: str = "cosine"  # cosine, linear, none (after warm-up) or inverse_sqrt (SAM 3's)
+    timescale: int = 20  # inverse_sqrt: lr / sqrt((step + timescale - warmup) / timescale)
+    cooldown_steps: int = 0  # inverse_sqrt: linear decay to 0 over the last N steps
     min_lr_ratio: float = 0.05
     grad_clip: float | None = 1.0  # global norm; None = off
     encoder_lr_scale: float = 0.1  # stage 2: unfrozen encoder blocks learn at lr * this
@@ -203,8 +205,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a YAML config (or start from the defaults if ``path`` is None), apply overrides."""
+def read_raw(path: str | Path | None, overrides: list[str] = ()) -> tuple[dict, str]:
+    """A YAML config as a mapping with the ``--set`` overrides applied, and its name."""
     import yaml
 
     raw: dict = {}
@@ -228,12 +230,54 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text}: {k} is not a section")
         node[keys[-1]] = value
+    return raw, where
+
+
+def build_config(cls, raw: dict, where: str):
+    """``cls`` (a config dataclass) from ``raw``, errors prefixed with ``where``."""
     try:
-        cfg = _build(Config, raw, "")
+        return _build(cls, raw, "")
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+FAMILIES = ("sam_v1", "sam3")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Any:
+    """Read a YAML config (or start from the defaults if ``path`` is None), apply overrides.
+    Its top-level ``family`` (``sam_v1`` by default, or ``sam3``) selects the schema: a
+    :class:`Config` or a ``sam3.config.Sam3Config``."""
+    raw, where = read_raw(path, overrides)
+    family = raw.get("family", "sam_v1")
+    if family not in FAMILIES:
+        raise ConfigError(f"{where}: family = {family!r}: choose from {', '.join(FAMILIES)}")
+    if family == "sam3":
+        from .sam3.config import Sam3Config, validate_sam3
+
+        cfg = build_config(Sam3Config, raw, where)
+        validate_sam3(cfg, where)
+        return cfg
+    raw.pop("family", None)
+    cfg = build_config(Config, raw, where)
     validate(cfg, where)
     return cfg
+
+
+DECAYS = ("cosine", "linear", "none", "inverse_sqrt")
+
+
+def check_optim(oc: OptimConfig, bad) -> None:
+    """The optimizer section's value checks (both families)."""
+    if oc.decay not in DECAYS:
+        bad("optim.decay", oc.decay, f"choose from {', '.join(DECAYS)}")
+    if oc.timescale < 1:
+        bad("optim.timescale", oc.timescale, "must be >= 1")
+    for key in ("warmup_steps", "cooldown_steps"):
+        if getattr(oc, key) < 0:
+            bad(f"optim.{key}", getattr(oc, key), "must be >= 0")
+    if oc.grad_clip is not None and oc.grad_clip <= 0:
+        bad("optim.grad_clip", oc.grad_clip, "must be > 0 (or null: off)")
 
 
 def validate(cfg: Config, where: str) -> None:
@@ -273,8 +317,7 @@ def validate(cfg: Config, where: str) -> None:
             bad(key, v, "must be > 0")
     if cfg.loss.logit_upsample not in (1, 2, 4):
         bad("loss.logit_upsample", cfg.loss.logit_upsample, "choose from 1, 2, 4")
-    if cfg.optim.decay not in ("cosine", "linear", "none"):
-        bad("optim.decay", cfg.optim.decay, "choose from cosine, linear, none")
+    check_optim(cfg.optim, bad)
     if not 0 <= cfg.prompts.box_fraction <= 1:
         bad("prompts.box_fraction", cfg.prompts.box_fraction, "must be in [0, 1]")
     if cfg.prompts.correction_rounds < 0:

@@ -7,6 +7,11 @@ striped, gradient or speckled fills; an instance's mask is the part still visibl
 shapes are painted over it (occlusion). :func:`write_dataset` writes scenes as COCO instance
 JSON, SA-1B style per-image JSON or a folder of images with per-instance mask PNGs, which
 :mod:`paddle_sam.train.data` reads back.
+
+Concept scenes (for SAM 3's text prompts, :func:`concept_scene`): a few shapes from a small
+fixed vocabulary of named shapes in named colours (:data:`CONCEPT_PHRASES`: "red star",
+"star", ...); :func:`write_concept_dataset` writes them as COCO JSON whose categories are the
+phrases, which :mod:`paddle_sam.train.sam3.data` reads.
 """
 
 from __future__ import annotations
@@ -225,6 +230,28 @@ def _bbox(mask: np.ndarray) -> list[int]:
     return [x0, y0, int(xs.max()) - x0 + 1, int(ys.max()) - y0 + 1]
 
 
+def _coco_annotation(ann_id: int, image_id: int, category_id: int, mask: np.ndarray) -> dict:
+    """One COCO instance annotation of ``mask`` (RLE segmentation, pixel-extent bbox)."""
+    return {
+        "id": ann_id,
+        "image_id": image_id,
+        "category_id": category_id,
+        "segmentation": _rle(mask),
+        "area": int(mask.sum()),
+        "bbox": _bbox(mask),
+        "iscrowd": 0,
+    }
+
+
+def _prepare_out(out: str | Path, overwrite: bool) -> Path:
+    """``out`` created; refused when it is not empty unless ``overwrite``."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} is not empty; pass --overwrite to write into it")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def write_dataset(
     out: str | Path,
     fmt: str,
@@ -241,10 +268,7 @@ def write_dataset(
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown dataset format {fmt!r}; choose from {FORMATS}")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} is not empty; pass --overwrite to write into it")
-    out.mkdir(parents=True, exist_ok=True)
+    out = _prepare_out(out, overwrite)
     coco = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "shape"}]}
     ann_id = 1
     for i in range(num_images):
@@ -283,17 +307,7 @@ def write_dataset(
             continue
         coco["images"].append({"id": i + 1, "file_name": f"{name}.png", "width": w, "height": h})
         for m in scene.masks:
-            coco["annotations"].append(
-                {
-                    "id": ann_id,
-                    "image_id": i + 1,
-                    "category_id": 1,
-                    "segmentation": _rle(m),
-                    "area": int(m.sum()),
-                    "bbox": _bbox(m),
-                    "iscrowd": 0,
-                }
-            )
+            coco["annotations"].append(_coco_annotation(ann_id, i + 1, 1, m))
             ann_id += 1
     if fmt == "coco":
         (out / "annotations.json").write_text(json.dumps(coco) + "\n")
@@ -359,3 +373,138 @@ def example_scene(seed: int = 2024) -> Scene:
         kinds.append(kind)
     canvas = canvas + rng.normal(0, 2.0, canvas.shape)
     return Scene(np.clip(canvas, 0, 255).astype(np.uint8), masks, kinds)
+
+
+# ---- concept scenes (SAM 3): named shapes in named colours, with their noun phrases ----
+
+# the fixed vocabulary of the concept scenes: every instance is one of these shapes (noun ->
+# the shape kind drawn) in one of these flat colours (name -> RGB); it answers to two phrases,
+# "<colour> <shape>" ("red star") and "<shape>" ("star")
+CONCEPT_COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (45, 85, 225),
+    "yellow": (235, 205, 40),
+}
+CONCEPT_SHAPES = {
+    "circle": "disc",
+    "rectangle": "rectangle",
+    "triangle": "triangle",
+    "star": "star",
+    "ring": "ring",
+    "cross": "cross",
+}
+# the categories of :func:`write_concept_dataset`, in category-id order (ids 1, 2, ...)
+CONCEPT_PHRASES = tuple(f"{c} {s}" for c in CONCEPT_COLOURS for s in CONCEPT_SHAPES) + tuple(
+    CONCEPT_SHAPES
+)
+_CONCEPT_STREAM = 3  # concept scenes draw from their own random stream, not the SAM v1 scenes'
+
+
+@dataclass
+class ConceptScene(Scene):
+    """A scene whose instance i is shape ``kinds[i]`` (a noun of :data:`CONCEPT_SHAPES`) in
+    colour ``colours[i]``; ``masks[i]`` is its visible part, ``shape_masks[i]`` the whole
+    shape before the instances painted after it covered some of it."""
+
+    colours: list[str] = field(default_factory=list)
+    shape_masks: list[np.ndarray] = field(default_factory=list)
+
+    def phrases(self, i: int) -> tuple[str, str]:
+        """The phrases instance ``i`` answers to: ("<colour> <shape>", "<shape>")."""
+        return f"{self.colours[i]} {self.kinds[i]}", self.kinds[i]
+
+
+def _visible(shapes: list[np.ndarray]) -> list[np.ndarray]:
+    """The visible part of each shape when painted in order (later ones on top)."""
+    out, above = [], np.zeros(shapes[0].shape, bool) if shapes else None
+    for m in reversed(shapes):
+        out.append(m & ~above)
+        above = above | m
+    return out[::-1]
+
+
+def concept_scene(
+    seed: int,
+    index: int,
+    sizes: list[list[int]] | None = None,
+    num_instances: tuple[int, int] = (2, 7),
+    min_area: int = 150,
+) -> ConceptScene:
+    """Concept scene ``index`` of ``seed`` (a pure function of both): ``num_instances``
+    shapes of :data:`CONCEPT_SHAPES` in flat colours of :data:`CONCEPT_COLOURS` (slightly
+    shaded) on a grey, low-saturation background. Shapes whose visible part would be under
+    ``min_area`` px are left out before painting, so every drawn shape is annotated and every
+    mask is exactly what shows."""
+    rng = np.random.default_rng([int(seed), int(index), _CONCEPT_STREAM])
+    w, h = scene_size(rng, sizes)
+    yy = np.mgrid[0:h, 0:w][0].astype(np.float32)
+    top, bottom = rng.uniform(90, 200, 2)
+    grey = top + (bottom - top) * yy / max(h - 1, 1)
+    tint = rng.uniform(-8, 8, 3).astype(np.float32)
+    noise = (_smooth_noise(rng, h, w, int(rng.integers(4, 12))) - 0.5) * 40
+    canvas = (grey + noise)[..., None] + tint
+    nouns, colours, shapes = list(CONCEPT_SHAPES), list(CONCEPT_COLOURS), []
+    for _ in range(int(rng.integers(num_instances[0], num_instances[1] + 1))):
+        noun, colour = (
+            nouns[int(rng.integers(len(nouns)))],
+            colours[int(rng.integers(len(colours)))],
+        )
+        scale = min(w, h) * rng.uniform(0.12, 0.35)
+        m = _shape_mask(rng, CONCEPT_SHAPES[noun], w, h, scale)
+        if m.any():
+            shapes.append((noun, colour, m))
+    while shapes:  # leaving a shape out only uncovers the ones below it: repeat until none
+        visible = _visible([m for _, _, m in shapes])
+        small = [i for i, v in enumerate(visible) if v.sum() < min_area]
+        if not small:
+            break
+        del shapes[small[0]]
+    for _, colour, m in shapes:
+        shade = 1 + (_smooth_noise(rng, h, w, 8)[..., None] - 0.5) * 0.15
+        canvas = np.where(
+            m[..., None], np.array(CONCEPT_COLOURS[colour], np.float32) * shade, canvas
+        )
+    canvas = canvas + rng.normal(0, 2.0, canvas.shape)
+    full = [m for _, _, m in shapes]
+    return ConceptScene(
+        image=np.clip(canvas, 0, 255).astype(np.uint8),
+        masks=_visible(full),
+        kinds=[noun for noun, _, _ in shapes],
+        colours=[colour for _, colour, _ in shapes],
+        shape_masks=full,
+    )
+
+
+def write_concept_dataset(
+    out: str | Path,
+    num_images: int,
+    seed: int = 0,
+    sizes: list[list[int]] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``num_images`` concept scenes as COCO instance JSON: ``images/NNNNNN.png`` +
+    ``annotations.json`` whose categories are :data:`CONCEPT_PHRASES` (ids 1, 2, ... in that
+    order, all of them, so that phrases absent from an image are its negatives) and whose
+    annotations are one per (instance, phrase it answers to), with RLE segmentations. Refuses
+    a non-empty ``out`` unless ``overwrite``."""
+    out = _prepare_out(out, overwrite)
+    (out / "images").mkdir(exist_ok=True)
+    cat_ids = {name: i + 1 for i, name in enumerate(CONCEPT_PHRASES)}
+    coco = {
+        "images": [],
+        "annotations": [],
+        "categories": [{"id": i, "name": n, "supercategory": "shape"} for n, i in cat_ids.items()],
+    }
+    for i in range(num_images):
+        scene = concept_scene(seed, i, sizes)
+        h, w = scene.image.shape[:2]
+        name = f"{i:06d}.png"
+        Image.fromarray(scene.image).save(out / "images" / name)
+        coco["images"].append({"id": i + 1, "file_name": name, "width": w, "height": h})
+        for j, m in enumerate(scene.masks):
+            for phrase in scene.phrases(j):
+                ann_id = len(coco["annotations"]) + 1
+                coco["annotations"].append(_coco_annotation(ann_id, i + 1, cat_ids[phrase], m))
+    (out / "annotations.json").write_text(json.dumps(coco) + "\n")
+    return out

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +42,7 @@ from tests.helpers.server import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = ROOT / "paddle_sam" / "assets" / "sam_tiny_synthetic.pdparams"
 LS_BIN = ROOT / ".venv-label-studio" / "bin"
 LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
 
@@ -374,33 +376,80 @@ def ls_decode(results: list[dict]) -> list[np.ndarray]:
     ]
 
 
-def new_project(ls: LabelStudio, backend_url: str, image: np.ndarray) -> tuple[int, int, int]:
-    """A project with CONFIG, one uploaded image task and the backend connected:
-    (project id, task id, ML backend id)."""
+def new_project(
+    ls: LabelStudio, backend_url: str, image: np.ndarray, auth: tuple[str, str] | None = None
+) -> tuple[int, int, int]:
+    """A project with CONFIG, one uploaded image task and the backend connected (with basic
+    authentication when ``auth``): (project id, task id, ML backend id)."""
     project = ls.api("POST", "/api/projects", {"title": "paddle-sam test", "label_config": CONFIG})
     pid = project["id"]
     ls.api("POST", f"/api/projects/{pid}/import", files=("scene.png", png_bytes(image)))
     tasks = ls.api("GET", f"/api/tasks?project={pid}")["tasks"]
     (task,) = tasks
     assert task["data"]["image"].startswith("/data/upload/")
-    ml = ls.api(
-        "POST",
-        "/api/ml",
-        {"url": backend_url, "project": pid, "is_interactive": True, "title": "paddle-sam"},
-    )
+    backend = {"url": backend_url, "project": pid, "is_interactive": True, "title": "paddle-sam"}
+    if auth is not None:
+        backend.update(auth_method="BASIC_AUTH", basic_auth_user=auth[0], basic_auth_pass=auth[1])
+    ml = ls.api("POST", "/api/ml", backend)
     assert ml["readable_state"] == "Connected", ml
     return pid, task["id"], ml["id"]
 
 
-def test_clicks_through_label_studio(label_studio, sam_v1):
-    """SAM v1: keypoints and a box sent through Label Studio's interactive annotation; its own
-    decoder turns our brush results into the masks the predictor returns."""
+class BackendProcess:
+    """``paddle-sam serve --label-studio`` as a user starts it: a process on a free port."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "paddle_sam", "serve", "--label-studio", *args]
+        cmd += ["--port", str(self.port), "--log-level", "warning"]
+        self.proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def __enter__(self) -> BackendProcess:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+            except urllib.error.HTTPError:
+                return self  # answering (401: it wants its password)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            return self
+        raise AssertionError("paddle-sam serve --label-studio did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_clicks_through_label_studio(label_studio):
+    """The command line's backend (the bundled default model, basic authentication) connected
+    to Label Studio: keypoints and a box sent through Label Studio's interactive annotation;
+    its own decoder turns our brush results into the masks the predictor returns."""
+    from paddle_sam.build.sam_v1 import load_sam
+
     image = scene()
-    with ThreadedServer(create_label_studio_app(sam_v1)) as backend:
-        pid, task, ml = new_project(label_studio, backend.url, image)
+    auth = ("label-studio", "paddle-sam-backend-pass")
+    args = ["--checkpoint", str(DEFAULT_MODEL), "--basic-auth-user", auth[0]]
+    with BackendProcess(args, {"PADDLE_SAM_BASIC_AUTH_PASS": auth[1]}) as backend:
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(backend.url + "/health", timeout=10)
+        pid, task, ml = new_project(label_studio, backend.url, image, auth)
         ml_info = label_studio.api("GET", f"/api/ml/{ml}")
         assert ml_info["model_version"].startswith("paddle-sam-")
-        pred = SamPredictor(sam_v1)
+        pred = SamPredictor(load_sam(DEFAULT_MODEL))
         pred.set_image(image)
         cases = [
             ([keypoint(25, 50)], dict(point_coords=[[40.0, 48.0]], point_labels=[1]), True),
@@ -429,6 +478,7 @@ def test_clicks_through_label_studio(label_studio, sam_v1):
             want = masks[int(np.argmax(scores))]
             assert got.shape == image.shape[:2]
             assert want.any() and (got == want).all()
+            assert region["score"] == pytest.approx(float(scores.max()), abs=1e-5)
 
 
 @pytest.fixture(scope="module")
