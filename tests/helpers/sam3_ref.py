@@ -415,3 +415,80 @@ def threaded_attention(monkeypatch: Any, threads: int = 3) -> list[str]:
     monkeypatch.setattr(runtime, "get_num_threads", lambda: threads)
     monkeypatch.setattr(model_misc, "_attend_blocks", counted)
     return names
+
+
+def _triton_kernel_math(x: Any, y: Any, alpha: float, gamma: float) -> Any:
+    """The elementwise focal loss exactly as upstream's Triton kernel writes it."""
+    torch, _ = import_sam3()
+    x = x.float()
+    bce = x.clamp(min=0) - x * y + torch.log(1 + torch.exp(-x.abs()))
+    sig = torch.sigmoid(x)
+    p_t = sig * y + (1 - sig) * (1 - y)
+    alpha_t = alpha * y + (1 - alpha) * (1 - y)
+    return alpha_t * (1 - p_t) ** gamma * bce
+
+
+def _f1_score(preds: Any, target: Any, task: str = "binary") -> Any:
+    """torchmetrics' binary F1: preds > 0.5 (probabilities), 0 when undefined."""
+    torch, _ = import_sam3()
+    assert task == "binary"
+    pred, true = preds > 0.5, target.bool()
+    tp = (pred & true).sum().float()
+    fp = (pred & ~true).sum().float()
+    fn = (~pred & true).sum().float()
+    denom = 2 * tp + fp + fn
+    return 2 * tp / denom if denom > 0 else torch.zeros(())
+
+
+@contextlib.contextmanager
+def sam3_train_reference() -> Iterator[Any]:
+    """The official training criterion, runnable on the CPU inside the block: a namespace with
+    ``M`` (``sam3.train.matcher``), ``L`` (``loss_fns``), ``S`` (``sam3_loss``), ``SAM3Output``
+    and ``pad`` (the collator's ``packed_to_padded_naive``).
+
+    Upstream's focal losses default to fused Triton kernels (GPU only): inside the block the
+    two kernel entry points of ``loss_fns`` are a torch transcription of the kernels' formula
+    (:func:`_triton_kernel_math`; autograd gives the kernels' hand-written backward). Without
+    torchmetrics (not a declared dependency of sam3) its binary F1 (the ``ce_f1`` metric) is a
+    stand-in while the modules are imported; without triton the kernel module is a stub."""
+    import sys
+    import types
+
+    added: dict[str, Any] = {}
+    try:
+        import torchmetrics  # noqa: F401
+    except ImportError:
+        tm, fn = types.ModuleType("torchmetrics"), types.ModuleType("torchmetrics.functional")
+        fn.f1_score = _f1_score
+        tm.functional = fn
+        added = {"torchmetrics": tm, "torchmetrics.functional": fn}
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        kern = types.ModuleType("sam3.train.loss.sigmoid_focal_loss")
+        kern.triton_sigmoid_focal_loss = kern.triton_sigmoid_focal_loss_reduce = None
+        added["sam3.train.loss.sigmoid_focal_loss"] = kern
+    saved = {k: sys.modules.get(k) for k in added}
+    sys.modules.update(added)
+    try:
+        from sam3.model.model_misc import SAM3Output
+        from sam3.train import matcher
+        from sam3.train.data.collator import packed_to_padded_naive
+        from sam3.train.loss import loss_fns, sam3_loss
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    kernels = (loss_fns.triton_sigmoid_focal_loss, loss_fns.triton_sigmoid_focal_loss_reduce)
+    loss_fns.triton_sigmoid_focal_loss = _triton_kernel_math
+    loss_fns.triton_sigmoid_focal_loss_reduce = lambda x, y, a, g: _triton_kernel_math(
+        x, y, a, g
+    ).sum()
+    try:
+        yield types.SimpleNamespace(
+            M=matcher, L=loss_fns, S=sam3_loss, SAM3Output=SAM3Output, pad=packed_to_padded_naive
+        )
+    finally:
+        loss_fns.triton_sigmoid_focal_loss, loss_fns.triton_sigmoid_focal_loss_reduce = kernels

@@ -4,11 +4,12 @@ Both sides get the same random predictions and targets (built here, small sizes)
 indices must be identical, every loss term and the gradients of the total loss with respect
 to every prediction must agree to 1e-5.
 
-Running the reference on the CPU needs two stand-ins, both outside the code under test:
+Running the reference on the CPU needs two stand-ins, both outside the code under test
+(``tests.helpers.sam3_ref.sam3_train_reference``):
 
 * upstream's focal losses default to fused Triton kernels (GPU only); the reference's two
   kernel entry points are replaced by a torch transcription of the kernels' own formula
-  (``_triton_kernel_math``, autograd giving the kernels' hand-written backward);
+  (autograd giving the kernels' hand-written backward);
 * upstream computes the ``ce_f1`` metric with torchmetrics; when torchmetrics is not installed
   (it is not a declared dependency of sam3) a stand-in with its binary F1 definition is used.
 
@@ -16,9 +17,6 @@ Running the reference on the CPU needs two stand-ins, both outside the code unde
 """
 
 from __future__ import annotations
-
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -33,6 +31,7 @@ from paddle_sam.models.sam3.box_ops import box_cxcywh_to_xyxy as p_cxcywh_to_xyx
 from paddle_sam.train.sam3 import loss_fns as P  # noqa: E402
 from paddle_sam.train.sam3 import matcher as PM  # noqa: E402
 from paddle_sam.train.sam3 import sam3_loss as PS  # noqa: E402
+from tests.helpers.sam3_ref import sam3_train_reference  # noqa: E402
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -40,66 +39,11 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 # ------------------------------------------------------------------------------ the reference
 
 
-def _triton_kernel_math(x, y, alpha, gamma):
-    """The elementwise focal loss exactly as upstream's Triton kernel writes it."""
-    x = x.float()
-    bce = x.clamp(min=0) - x * y + torch.log(1 + torch.exp(-x.abs()))
-    sig = torch.sigmoid(x)
-    p_t = sig * y + (1 - sig) * (1 - y)
-    alpha_t = alpha * y + (1 - alpha) * (1 - y)
-    return alpha_t * (1 - p_t) ** gamma * bce
-
-
-def _f1_score(preds, target, task="binary"):
-    """torchmetrics' binary F1: preds > 0.5 (probabilities), 0 when undefined."""
-    assert task == "binary"
-    pred, true = preds > 0.5, target.bool()
-    tp = (pred & true).sum().float()
-    fp = (pred & ~true).sum().float()
-    fn = (~pred & true).sum().float()
-    denom = 2 * tp + fp + fn
-    return 2 * tp / denom if denom > 0 else torch.zeros(())
-
-
 @pytest.fixture(scope="module")
 def ref():
     """The official modules: ``(matcher, loss_fns, sam3_loss, SAM3Output, packed_to_padded)``."""
-    added = {}
-    try:
-        import torchmetrics  # noqa: F401
-    except ImportError:
-        tm, fn = types.ModuleType("torchmetrics"), types.ModuleType("torchmetrics.functional")
-        fn.f1_score = _f1_score
-        tm.functional = fn
-        added = {"torchmetrics": tm, "torchmetrics.functional": fn}
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        kern = types.ModuleType("sam3.train.loss.sigmoid_focal_loss")
-        kern.triton_sigmoid_focal_loss = kern.triton_sigmoid_focal_loss_reduce = None
-        added["sam3.train.loss.sigmoid_focal_loss"] = kern
-    saved = {k: sys.modules.get(k) for k in added}
-    sys.modules.update(added)
-    try:
-        from sam3.model.model_misc import SAM3Output
-        from sam3.train import matcher
-        from sam3.train.data.collator import packed_to_padded_naive
-        from sam3.train.loss import loss_fns, sam3_loss
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-    kernels = (loss_fns.triton_sigmoid_focal_loss, loss_fns.triton_sigmoid_focal_loss_reduce)
-    loss_fns.triton_sigmoid_focal_loss = _triton_kernel_math
-    loss_fns.triton_sigmoid_focal_loss_reduce = lambda x, y, a, g: _triton_kernel_math(
-        x, y, a, g
-    ).sum()
-    yield types.SimpleNamespace(
-        M=matcher, L=loss_fns, S=sam3_loss, SAM3Output=SAM3Output, pad=packed_to_padded_naive
-    )
-    loss_fns.triton_sigmoid_focal_loss, loss_fns.triton_sigmoid_focal_loss_reduce = kernels
+    with sam3_train_reference() as ns:
+        yield ns
 
 
 @pytest.fixture
