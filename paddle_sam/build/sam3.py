@@ -106,9 +106,10 @@ def build_tracker(
     )
 
 
-def _sam3_spec(checkpoint: Path, enable_inst_interactivity: bool = True) -> Sam3Spec:
+def sam3_spec(checkpoint: str | os.PathLike, enable_inst_interactivity: bool = True) -> Sam3Spec:
     """The sizes of a SAM 3 checkpoint: its sidecar's (checked against the weights' shapes),
     else the released ones; a SAM v1 file is refused."""
+    checkpoint = Path(checkpoint)
     meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
     if meta.get("model_type", "sam3") != "sam3":
         raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
@@ -134,7 +135,7 @@ def load_sam3_tracker(
     ``tracker.*`` weights and the detector's vision backbone, nothing of the text encoder or
     the detector heads."""
     checkpoint = _existing(checkpoint)
-    spec = _sam3_spec(checkpoint)
+    spec = sam3_spec(checkpoint)
     with declared_parameters(True):
         tracker = build_tracker_model(
             spec,
@@ -178,7 +179,7 @@ def build_sam3_video_model(
     if device is not None:
         paddle.set_device(device)
     if spec is None:
-        spec = SAM3_SPEC if checkpoint_path is None else _sam3_spec(_existing(checkpoint_path))
+        spec = SAM3_SPEC if checkpoint_path is None else sam3_spec(_existing(checkpoint_path))
     with declared_parameters(checkpoint_path is not None):
         detector = build_sam3_model(
             spec, tokenizer=SimpleTokenizer(bpe_path=bpe_path), enable_inst_interactivity=True
@@ -232,7 +233,7 @@ def load_sam3(
     against the weights (their shapes, read without the data) before the model is built: a
     wrong or lying one is a one-line :class:`CheckpointFormatError`."""
     checkpoint = _existing(checkpoint)
-    spec = _sam3_spec(checkpoint, enable_inst_interactivity)
+    spec = sam3_spec(checkpoint, enable_inst_interactivity)
     return build_sam3_image_model(
         bpe_path=bpe_path,
         checkpoint_path=checkpoint,
@@ -265,4 +266,5 @@ __all__ = [
     "load_sam3_predictor",
     "load_sam3_tracker",
     "load_sam3_weights",
+    "sam3_spec",
 ]

@@ -14,7 +14,9 @@ from .common import (
     bounded,
     check_out_file,
     check_out_folder,
+    family,
     load_model,
+    parse_confidence_threshold,
     parse_seed,
     parse_size,
 )
@@ -28,11 +30,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "PADDLE_TRAINER_ID" not in os.environ:
         return _launch(args)
     from ..train.config import load_config
-    from ..train.trainer import Trainer
 
     cfg = load_config(args.config, args.set)
     import yaml
 
+    if getattr(cfg, "family", "sam_v1") == "sam3":
+        from ..train.sam3.trainer import Sam3Trainer as Trainer
+    else:
+        from ..train.trainer import Trainer
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     trainer = Trainer(
         cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, config_text=text
@@ -40,9 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = trainer.run()
     if trainer.rank == 0:
         ev = result["eval"]
-        line = ", ".join(
-            f"{k} {ev[k]:.4f}" for k in ("miou_1click", "miou_3click", "miou_box") if k in ev
-        )
+        line = ", ".join(f"{k} {ev[k]:.4f}" for k in trainer.eval_fields if k in ev)
         print(
             f"trained {result['steps']} steps -> {result['model']}"
             f"{'; held-out ' + line if line else ''}"
@@ -94,12 +97,65 @@ def _launch(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _eval_sam3(args: argparse.Namespace) -> dict:
+    """SAM 3: box and mask AP per concept on a COCO file (--data) or on held-out synthetic
+    concept scenes (--format concepts: --num-images of --seed, written to a temporary folder)."""
+    import tempfile
+
+    from ..build.sam3 import load_sam3_predictor
+    from ..train.sam3.evaluate import evaluate_concepts
+
+    if args.checkpoint is None:
+        raise ValueError("--model-type sam3 needs --checkpoint (a trained or converted SAM 3)")
+    args.format = args.format or "coco"
+    if args.format not in ("coco", "concepts"):
+        raise ValueError("SAM 3 evaluates --format coco (with --data) or concepts")
+    predictor = load_sam3_predictor(
+        args.checkpoint, confidence_threshold=args.confidence_threshold, interactive=False
+    )
+    with tempfile.TemporaryDirectory(prefix="paddle-sam-eval-") as tmp:
+        data, images, n = args.data, args.images, args.num_images
+        if args.format == "concepts":
+            from ..train.synthetic import write_concept_dataset
+
+            write_concept_dataset(tmp, args.num_images or 30, args.seed, overwrite=True)
+            data = str(Path(tmp) / "annotations.json")
+            images, n = str(Path(tmp) / "images"), None
+        elif data is None:
+            raise ValueError("--format coco needs --data ANNOTATIONS.json (or a Roboflow split)")
+        else:
+            from ..train.sam3.data import ConceptDataset
+
+            data = str(ConceptDataset.find_annotations(Path(data)))
+        result = evaluate_concepts(predictor, data, images, n, progress=not args.quiet)
+    result["checkpoint"] = str(args.checkpoint)
+    result["confidence_threshold"] = args.confidence_threshold
+    if args.format == "concepts":
+        result["data"] = {"format": "concepts", "num_images": result["images"], "seed": args.seed}
+    worst = sorted(result["per_concept"].items(), key=lambda kv: kv[1]["mask_AP50"])[:3]
+    print(
+        f"{result['images']} images, {result['concepts']} concepts: mask AP50 "
+        f"{result['mask']['AP50']:.4f} (AP {result['mask']['AP']:.4f}), box AP50 "
+        f"{result['box']['AP50']:.4f} (AP {result['box']['AP']:.4f}); lowest mask AP50: "
+        + ", ".join(f"{k} {v['mask_AP50']:.3f}" for k, v in worst)
+    )
+    return result
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..train.data import SkipLog, open_dataset
     from ..train.evaluate import evaluate
 
     if args.json:  # before the (long) evaluation, not after it
         check_out_file(args.json, args.overwrite)
+    if family(args) == "sam3":
+        result = _eval_sam3(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    args.format = args.format or "folder"
+    if args.format == "concepts":
+        raise ValueError("--format concepts is SAM 3's: give --model-type sam3, --checkpoint")
     skips = SkipLog()
     spec = {"format": args.format, "path": args.data, "images": args.images}
     if args.format == "synthetic":
@@ -158,9 +214,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("eval", help="held-out mIoU at 1 click, 3 clicks and with a box")
-    e.add_argument("--data", default=None, help="dataset path (not for --format synthetic)")
-    e.add_argument("--format", choices=("coco", "sa1b", "folder", "synthetic"), default="folder")
+    e = sub.add_parser(
+        "eval",
+        help="SAM v1: held-out mIoU at 1 click, 3 clicks and with a box; SAM 3: box and mask "
+        "AP per concept",
+    )
+    e.add_argument(
+        "--data", default=None, help="dataset path (not for --format synthetic / concepts)"
+    )
+    e.add_argument(
+        "--format",
+        choices=("coco", "sa1b", "folder", "synthetic", "concepts"),
+        default=None,
+        help="default: folder (SAM v1), coco (SAM 3); synthetic: generated SAM v1 scenes, "
+        "concepts: generated SAM 3 concept scenes",
+    )
+    e.add_argument(
+        "--confidence-threshold",
+        type=parse_confidence_threshold,
+        default=0.05,
+        help="SAM 3: keep instances scoring above this for AP (default: %(default)s)",
+    )
     e.add_argument("--images", default=None, help="COCO image folder (default: images/)")
     e.add_argument(
         "--num-images",
@@ -172,7 +246,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", default=None, help="also write the result to this JSON file")
     e.add_argument("--overwrite", action="store_true")
     e.add_argument("--quiet", action="store_true")
-    add_model_args(e)
+    add_model_args(e, families=("sam_v1", "sam3"))
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("synth", help="write a synthetic segmentation dataset (coco, sa1b, folder)")

@@ -102,7 +102,7 @@ class TrainerBase:
 
         paddle.seed(cfg.train.seed)
         self.model = self.build_model()
-        self.model.train()
+        self.set_train_mode()
         if self.world > 1:  # every rank starts from rank 0's weights
             for p in self.model.parameters():
                 dist.broadcast(p, src=0)
@@ -110,7 +110,7 @@ class TrainerBase:
 
         oc = cfg.optim
         self.scheduler = paddle.optimizer.lr.LambdaDecay(oc.lr, self._lr_factor)
-        named = list(self.model.named_parameters())
+        named = self.optim_parameters()
         no_decay = self.no_decay(named)
         self.optimizer = paddle.optimizer.AdamW(
             learning_rate=self.scheduler,
@@ -140,10 +140,22 @@ class TrainerBase:
     def build_data(self) -> None:
         raise NotImplementedError
 
-    def micro_batch_loss(self, rng: np.random.Generator, n_images: int) -> tuple[Any, dict]:
-        """One micro-batch's loss (already divided by ``n_images``, the images of the whole
-        optimizer step on this process) and its statistics (each divided likewise)."""
+    def micro_batch_loss(
+        self, rng: np.random.Generator, n_images: int, micro: int
+    ) -> tuple[Any, dict]:
+        """Micro-batch ``micro``'s loss (already divided by ``n_images``, the images of the
+        whole optimizer step on this process) and its statistics (each divided likewise);
+        ``rng`` is drawn from (seed, step, micro, rank)."""
         raise NotImplementedError
+
+    def set_train_mode(self) -> None:
+        """Put the model in training mode (after building it, and after evaluations)."""
+        self.model.train()
+
+    def optim_parameters(self) -> list[tuple[str, Any]]:
+        """The (name, parameter) pairs the optimizer holds (default: all, so that a part
+        frozen in one stage still has its moments in every checkpoint)."""
+        return list(self.model.named_parameters())
 
     def spec_dict(self) -> dict:
         raise NotImplementedError
@@ -235,7 +247,7 @@ class TrainerBase:
         for micro in range(tc.grad_accum):
             rng = np.random.default_rng([tc.seed, self.step, micro, self.rank])
             with paddle.amp.auto_cast(enable=self.amp, dtype="float16"):
-                loss, micro_stats = self.micro_batch_loss(rng, n_images)
+                loss, micro_stats = self.micro_batch_loss(rng, n_images, micro)
             for k, v in micro_stats.items():
                 stats[k] = stats.get(k, 0.0) + v
             stats["loss"] = stats.get("loss", 0.0) + float(loss)
@@ -244,6 +256,8 @@ class TrainerBase:
             else:
                 loss.backward()
         self._allreduce_grads(stats)
+        if self.scaler is None:
+            stats["grad_norm"] = self._grad_norm()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -254,6 +268,14 @@ class TrainerBase:
         self.scheduler.step()
         self.step += 1
         return stats
+
+    def _grad_norm(self) -> float:
+        """The global L2 norm of this step's gradients (after averaging, before clipping)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        with paddle.no_grad():
+            return float(paddle.sqrt(sum((g.astype("float32") ** 2).sum() for g in grads)))
 
     def _allreduce_grads(self, stats: dict) -> None:
         """Average gradients (and the logged statistics) over processes, one fused buffer."""
@@ -313,7 +335,7 @@ class TrainerBase:
     def _optimizer_state(self) -> dict:
         """Optimizer state keyed by structured parameter names (Paddle's own tensor names
         depend on how many layers the process built before, so they differ between runs)."""
-        names = {p.name: n for n, p in self.model.named_parameters()}
+        names = {p.name: n for n, p in self.optim_parameters()}
         out = {}
         for key, v in self.optimizer.state_dict().items():
             base, sep, suffix = (
@@ -325,7 +347,7 @@ class TrainerBase:
         return out
 
     def _set_optimizer_state(self, state: dict) -> None:
-        names = {n: p.name for n, p in self.model.named_parameters()}
+        names = {n: p.name for n, p in self.optim_parameters()}
         out = {}
         for key, v in state.items():
             if key.startswith("param:"):

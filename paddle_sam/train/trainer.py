@@ -252,7 +252,7 @@ class Trainer(TrainerBase):
 
     # -- one micro-batch --
 
-    def micro_batch_loss(self, rng, n_images: int):
+    def micro_batch_loss(self, rng, n_images: int, micro: int):
         samples = [self._draw(rng) for _ in range(self.cfg.train.batch_size)]
         x = paddle.stack(
             [self.sam.preprocess(paddle.to_tensor(s.image).transpose([2, 0, 1])) for s in samples]

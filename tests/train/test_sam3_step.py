@@ -31,7 +31,6 @@ import paddle  # noqa: E402
 
 from paddle_sam.build.sam3 import build_sam3_image_model  # noqa: E402
 from paddle_sam.models.sam3 import model_misc as MM  # noqa: E402
-from paddle_sam.models.sam3.vitdet import DropPath  # noqa: E402
 from paddle_sam.train.sam3 import lora as LORA  # noqa: E402
 from paddle_sam.train.sam3 import step as STEP  # noqa: E402
 from paddle_sam.train.sam3.sam3_loss import build_roboflow_v100_loss  # noqa: E402
@@ -72,15 +71,6 @@ def no_dropout_torch(module):
             if isinstance(getattr(m, attr, None), float):
                 setattr(m, attr, 0.0)
     return module
-
-
-def no_dropout_paddle(layer):
-    for m in layer.sublayers(include_self=True):
-        if isinstance(m, paddle.nn.Dropout | DropPath):
-            m.eval()
-        if isinstance(m, MM.MultiheadAttention):
-            m.dropout = 0.0
-    return layer
 
 
 def tiny_model(bpe_path):
@@ -163,7 +153,7 @@ def pair(bpe_path):
     for part in (ref.backbone.vision_backbone, ref.backbone.language_backbone):
         part.requires_grad_(False)
     ours.train()
-    no_dropout_paddle(ours)
+    STEP.disable_dropout(ours)
     frozen = STEP.freeze(ours, "vision_backbone", "text_encoder")
     assert frozen and all(n.startswith("backbone.") for n in frozen)
     return ref, ours
@@ -358,7 +348,7 @@ def test_freeze_and_unfreeze(bpe_path, batch_np):
     """Frozen parts get no gradient (and run without a graph); unfrozen ones get theirs."""
     model = tiny_model(bpe_path)
     model.train()
-    no_dropout_paddle(model)
+    STEP.disable_dropout(model)
     vision = STEP.freeze(model, "vision_backbone")
     text = STEP.freeze(model, "text_encoder")
     assert vision and text and not set(vision) & set(text)
@@ -446,7 +436,7 @@ def test_lora_apply_train_merge(bpe_path, batch_np):
     assert trainable == extra
 
     model.train()
-    no_dropout_paddle(model)
+    STEP.disable_dropout(model)
     STEP.train_step(model, batch, build_roboflow_v100_loss(True))
     for name, p in model.named_parameters():
         if name in trainable:

@@ -38,12 +38,14 @@ def add_upsampled(feat: paddle.Tensor, prev: paddle.Tensor, mode: str) -> paddle
     Nearest upsampling by exactly 2 (every level of SAM 3's pixel decoder) is a copy of each
     value into a 2 x 2 block: done as expands and one add, the same sums without Paddle's
     nearest-interpolation kernel (measured here for the 288 x 288 level: 33 ms against 135).
+    A ``feat`` of batch 1 broadcasts over ``prev``'s batch (one image, several queries).
     """
     if mode == "nearest" and _is_up2(prev, feat):
         b, c, h, w = prev.shape
         cols = prev.unsqueeze(-1).expand([b, c, h, w, 2]).reshape([b, c, h, 1, 2 * w])
         up = cols.expand([b, c, h, 2, 2 * w])
-        return (feat.reshape([b, c, h, 2, 2 * w]) + up).reshape([b, c, 2 * h, 2 * w])
+        fb = feat.shape[0]
+        return (feat.reshape([fb, c, h, 2, 2 * w]) + up).reshape([b, c, 2 * h, 2 * w])
     return feat + F.interpolate(prev, size=feat.shape[-2:], mode=mode)
 
 

@@ -319,7 +319,7 @@ class ConceptDataset:
             raise ValueError(f"exemplar_prob must be in [0, 1], got {exemplar_prob}")
         if max_negatives is not None and max_negatives < 0:
             raise ValueError(f"max_negatives must be >= 0 or None, got {max_negatives}")
-        self.ann_path = self._find_annotations(Path(path))
+        self.ann_path = self.find_annotations(Path(path))
         self.image_dir = self._find_images(self.ann_path, images)
         self.resolution, self.train = int(resolution), bool(train)
         self.scales = resize_scales(resolution, min_size) if train else [self.resolution]
@@ -356,7 +356,7 @@ class ConceptDataset:
     # ---- reading the file ----
 
     @staticmethod
-    def _find_annotations(path: Path) -> Path:
+    def find_annotations(path: Path) -> Path:
         if path.is_dir():
             for name in ANNOTATION_FILES:
                 if (path / name).is_file():

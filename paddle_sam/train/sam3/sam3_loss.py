@@ -320,7 +320,10 @@ def make_find_targets(
 
 
 def build_roboflow_v100_loss(
-    with_masks: bool = False, normalization: str = "global"
+    with_masks: bool = False,
+    normalization: str = "global",
+    o2m_weight: float = 2.0,
+    scale_by_find_batch_size: bool = True,
 ) -> Sam3LossWrapper:
     """The criterion of upstream's roboflow_v100 fine-tuning config: the focal Hungarian matcher
     (cost_class 2, cost_bbox 5, cost_giou 2, alpha 0.25, gamma 2) and the one-to-many matcher
@@ -330,7 +333,9 @@ def build_roboflow_v100_loss(
     by ``sqrt(batch size)``. ``with_masks`` adds the config's segmentation variant's ``Masks``
     loss (focal alpha 0.25, gamma 2, final outputs only) with
     :data:`ROBOFLOW_V100_MASK_LOSS_WEIGHTS`. Its ``matcher`` fills ``out["indices"]``
-    (:func:`compute_matching`)."""
+    (:func:`compute_matching`). ``o2m_weight`` and ``scale_by_find_batch_size`` are the
+    config's (2.0, True); without the scaling, data-parallel processes average to exactly the
+    loss of one process with their batches together."""
     w = roboflow_v100_loss_weights(with_masks)
     loss_fns = [
         Boxes(weight_dict={"loss_bbox": w["loss_bbox"], "loss_giou": w["loss_giou"]}),
@@ -368,7 +373,7 @@ def build_roboflow_v100_loss(
             stable=False,
         ),
         o2m_matcher=BinaryOneToManyMatcher(alpha=0.3, threshold=0.4, topk=4),
-        o2m_weight=2.0,
+        o2m_weight=o2m_weight,
         use_o2m_matcher_on_o2m_aux=False,
-        scale_by_find_batch_size=True,
+        scale_by_find_batch_size=scale_by_find_batch_size,
     )

@@ -31,8 +31,10 @@ __all__ = [
     "MODEL_PARTS",
     "backbone_features",
     "clip_grad_norm_",
+    "disable_dropout",
     "forward_train",
     "freeze",
+    "step_loss",
     "train_step",
     "trainable_parameters",
     "unfreeze",
@@ -288,6 +290,20 @@ def forward_train(
     return out
 
 
+def disable_dropout(model: nn.Layer) -> nn.Layer:
+    """Dropout, drop-path and attention dropout off while the model trains (deterministic
+    steps, e.g. to compare process counts); returns the model."""
+    from ...models.sam3.model_misc import MultiheadAttention
+    from ...models.sam3.vitdet import DropPath
+
+    for m in model.sublayers(include_self=True):
+        if isinstance(m, nn.Dropout | DropPath):
+            m.eval()
+        if isinstance(m, MultiheadAttention):
+            m.dropout = 0.0
+    return model
+
+
 # ---------------------------------------------------------------------------------- train step
 
 
@@ -321,6 +337,29 @@ def _field(batch: Any, name: str, default: Any = None) -> Any:
     return getattr(batch, name, default)
 
 
+def step_loss(
+    model: Sam3Image, batch: Any, criterion: nn.Layer
+) -> tuple[paddle.Tensor, dict[str, paddle.Tensor]]:
+    """The forward half of :func:`train_step`: :func:`forward_train` on ``batch``, the
+    matching with ``criterion.matcher`` and the criterion. Returns the total loss (a tensor
+    to backpropagate) and every term; a non-finite total raises ``FloatingPointError``."""
+    targets = _field(batch, "targets")
+    out = forward_train(
+        model,
+        _field(batch, "images"),
+        _field(batch, "texts"),
+        img_ids=_field(batch, "img_ids"),
+        geometric_prompt=_field(batch, "geometric_prompt"),
+    )
+    compute_matching(out, targets, criterion.matcher)
+    losses = criterion([[out]], [targets])
+    core = losses[CORE_LOSS_KEY]
+    total = float(core)
+    if not math.isfinite(total):
+        raise FloatingPointError(f"Loss is {total}, stopping the step")
+    return core, losses
+
+
 def train_step(
     model: Sam3Image,
     batch: Any,
@@ -348,20 +387,7 @@ def train_step(
     else:
         for p in params:
             p.clear_gradient(set_to_zero=False)
-    targets = _field(batch, "targets")
-    out = forward_train(
-        model,
-        _field(batch, "images"),
-        _field(batch, "texts"),
-        img_ids=_field(batch, "img_ids"),
-        geometric_prompt=_field(batch, "geometric_prompt"),
-    )
-    compute_matching(out, targets, criterion.matcher)
-    losses = criterion([[out]], [targets])
-    core = losses[CORE_LOSS_KEY]
-    total = float(core)
-    if not math.isfinite(total):
-        raise FloatingPointError(f"Loss is {total}, stopping the step")
+    core, losses = step_loss(model, batch, criterion)
     core.backward()
     if max_grad_norm is not None:
         clip_grad_norm_(params, max_grad_norm, norm_type)

@@ -1,0 +1,172 @@
+"""SAM 3 run configuration (``family: sam3`` in a YAML under ``configs/``), checked as strictly
+as SAM v1's: unknown keys, wrong types and missing files are errors naming the key and file.
+
+The defaults are upstream's roboflow_v100 fine-tuning recipe: AdamW with the transformer at
+8e-5, the vision backbone at 2.5e-5 with layer-wise decay 0.9 over its blocks, the text encoder
+at 5e-6, weight decay 0.1 (none on biases and LayerNorms), gradient clipping at 0.1, the
+inverse-square-root schedule (time scale, warm-up and cool-down 20 steps), the loss weights of
+:func:`~.sam3_loss.build_roboflow_v100_loss`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig, check_optim
+
+FREEZABLE = ("vision_backbone", "text_encoder")
+
+
+@dataclass
+class Sam3DataSpec:
+    """One dataset: ``coco`` (a COCO JSON file, or a Roboflow split folder with
+    ``_annotations.coco.json``; category names are the prompts) or ``concepts`` (synthetic
+    concept scenes written into ``path`` on first use: ``num_images`` of ``seed``)."""
+
+    format: str = "concepts"
+    path: str | None = None
+    images: str | None = None  # coco: the image folder (default: beside the JSON)
+    num_images: int = 0  # concepts: scenes to write; coco: the first N images (0: all)
+    seed: int = 0
+    sizes: list[list[int]] | None = None  # concepts: [[width, height], ...]
+
+
+@dataclass
+class Sam3ModelConfig:
+    checkpoint: str | None = None  # sam3.pt or a .pdparams; None = random initialisation
+    spec: dict[str, Any] = field(default_factory=dict)  # Sam3Spec fields (default: released)
+    bpe: str | None = None  # the tokenizer's vocabulary (default: the bundled one)
+    freeze: list[str] = field(default_factory=lambda: ["vision_backbone", "text_encoder"])
+    lora_rank: int = 0  # > 0: LoRA adapters (merged into plain weights on export)
+    lora_alpha: float = 16.0
+    lora_targets: list[str] | None = None  # name patterns (default: attention and MLP layers)
+    dropout: bool = True  # upstream trains with dropout 0.1; false: deterministic steps
+
+
+@dataclass
+class Sam3DataConfig:
+    train: Sam3DataSpec = field(default_factory=Sam3DataSpec)
+    val: Sam3DataSpec | None = None
+    min_size: int | None = None  # random resize's smallest side (default: min(480, R / 2))
+    max_negatives: int | None = None  # negative phrases per image (None: every absent one)
+    with_masks: bool = True  # mask losses (False: boxes only, for detection datasets)
+    eval_images: int = 50
+
+
+@dataclass
+class Sam3OptimConfig:
+    lr: float = 8e-5  # the transformer, heads and everything not named below
+    vision_lr_scale: float = 0.3125  # vision backbone: lr x this (2.5e-5)
+    text_lr_scale: float = 0.0625  # text encoder: lr x this (5e-6)
+    layer_decay: float = 0.9  # vision trunk block i of n: x layer_decay ** (n + 1 - i)
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.999
+    warmup_steps: int = 20
+    decay: str = "inverse_sqrt"
+    timescale: int = 20
+    cooldown_steps: int = 20
+    min_lr_ratio: float = 0.0  # cosine / linear only
+    grad_clip: float | None = 0.1
+
+
+@dataclass
+class Sam3LossConfig:
+    o2m_weight: float = 2.0  # the one-to-many branch's weight
+    # upstream multiplies the loss by sqrt(queries in the batch); false: N data-parallel
+    # processes then give exactly the step of one process with their batches together
+    scale_by_batch_size: bool = True
+
+
+@dataclass
+class Sam3TrainConfig:
+    steps: int = 1000
+    batch_size: int = 1  # images per micro-batch, per process (each with all its queries)
+    grad_accum: int = 1
+    amp: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    threads: int | None = None
+
+
+@dataclass
+class Sam3Config:
+    family: str = "sam3"
+    model: Sam3ModelConfig = field(default_factory=Sam3ModelConfig)
+    data: Sam3DataConfig = field(default_factory=Sam3DataConfig)
+    loss: Sam3LossConfig = field(default_factory=Sam3LossConfig)
+    optim: Sam3OptimConfig = field(default_factory=Sam3OptimConfig)
+    train: Sam3TrainConfig = field(default_factory=Sam3TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def validate_sam3(cfg: Sam3Config, where: str) -> None:
+    """Value checks that types cannot express."""
+    from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
+
+    def bad(key: str, value, why: str):
+        from ..config import ConfigError
+
+        raise ConfigError(f"{where}: {key} = {value!r}: {why}")
+
+    try:
+        Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
+    except ValueError as exc:
+        bad("model.spec", cfg.model.spec, str(exc))
+    if cfg.model.checkpoint is not None and cfg.model.spec:
+        bad("model.spec", cfg.model.spec, "the checkpoint's sidecar sets the sizes: leave it empty")
+    if cfg.model.checkpoint is not None and not Path(cfg.model.checkpoint).is_file():
+        raise FileNotFoundError(f"{where}: model.checkpoint file not found: {cfg.model.checkpoint}")
+    for part in cfg.model.freeze:
+        if part not in FREEZABLE:
+            bad("model.freeze", part, f"choose from {', '.join(FREEZABLE)}")
+    if cfg.model.lora_rank < 0:
+        bad("model.lora_rank", cfg.model.lora_rank, "must be >= 0 (0: no LoRA)")
+    for name in ("train", "val"):
+        spec = getattr(cfg.data, name)
+        if spec is None:
+            continue
+        if spec.format not in ("coco", "concepts"):
+            bad(f"data.{name}.format", spec.format, "choose from coco, concepts")
+        if not spec.path:
+            bad(f"data.{name}.path", spec.path, "a dataset needs a path")
+        if spec.format == "concepts" and spec.num_images < 1:
+            bad(f"data.{name}.num_images", spec.num_images, "must be >= 1 for concept scenes")
+        if spec.format == "coco" and not Path(spec.path).exists():
+            raise FileNotFoundError(f"{where}: data.{name}.path not found: {spec.path}")
+    positive = {
+        "train.steps": cfg.train.steps,
+        "train.batch_size": cfg.train.batch_size,
+        "train.grad_accum": cfg.train.grad_accum,
+        "train.log_every": cfg.train.log_every,
+        "train.checkpoint_every": cfg.train.checkpoint_every,
+        "optim.lr": cfg.optim.lr,
+    }
+    for key, v in positive.items():
+        if v <= 0:
+            bad(key, v, "must be > 0")
+    if not 0 < cfg.optim.layer_decay <= 1:
+        bad("optim.layer_decay", cfg.optim.layer_decay, "must be in (0, 1]")
+    check_optim(cfg.optim, bad)
+
+
+__all__ = [
+    "FREEZABLE",
+    "Sam3Config",
+    "Sam3DataConfig",
+    "Sam3DataSpec",
+    "Sam3LossConfig",
+    "Sam3ModelConfig",
+    "Sam3OptimConfig",
+    "Sam3TrainConfig",
+    "validate_sam3",
+]
