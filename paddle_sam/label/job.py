@@ -182,9 +182,26 @@ def merge(out: Path, spec: LabelSpec, shards: list[list[ImageItem]], seconds: fl
 _worker_labeler: Any = None
 
 
-def _init_worker(spec_dict: dict, threads: int) -> None:
+def _exit_with(parent: int) -> None:
+    """Stop this worker when the job process ``parent`` is gone (killed: a worker would
+    otherwise label on, unseen, holding its model's memory)."""
+    import os
+    import threading
+    import time
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="paddle-sam-parent-watch", daemon=True).start()
+
+
+def _init_worker(spec_dict: dict, threads: int, parent: int) -> None:
     global _worker_labeler
     from .._runtime import set_num_threads
+
+    _exit_with(parent)
 
     set_num_threads(threads)  # the machine's threads shared out between the workers
     _worker_labeler = build_labeler(LabelSpec.from_dict(spec_dict))
@@ -227,7 +244,7 @@ def run_local(
         num_workers,
         mp_context=mp.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(spec.to_dict(), threads),
+        initargs=(spec.to_dict(), threads, os.getpid()),
     ) as pool:
         futures = [pool.submit(_run_shard, str(out), i, shards[i], max_pixels) for i in todo]
         try:

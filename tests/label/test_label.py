@@ -196,6 +196,30 @@ def test_worker_killed_then_resume(dataset, tmp_path):
     assert len({im["id"] for im in a["images"]}) == len(a["images"]) == 7
 
 
+def test_workers_stop_with_the_job(dataset, tmp_path):
+    """The job process killed (SIGKILL: no clean-up runs): its worker processes stop too,
+    rather than labelling on unseen."""
+    import psutil
+
+    common = ["--everything", "--points-per-side", "4", "--shard-size", "1"]
+    common += ["--num-workers", "2", "--max-pixels", MAX_PIXELS, "--quiet"]
+    out = tmp_path / "o"
+    proc = subprocess.Popen(_cli(dataset, "-o", out, *common), stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_children(proc.pid)) < 2:  # the pool's workers (and its resource tracker)
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        workers = [psutil.Process(pid) for pid in _children(proc.pid)]
+        proc.kill()
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, [p.cmdline()[-2:] for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_label_command_errors(dataset, tmp_path, capsys):
     from paddle_sam.cli import main
 
