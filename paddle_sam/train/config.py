@@ -267,6 +267,13 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Any:
 DECAYS = ("cosine", "linear", "none", "inverse_sqrt")
 
 
+def check_positive(values: dict[str, float], bad) -> None:
+    """Each of ``values`` (key -> value) must be > 0."""
+    for key, v in values.items():
+        if v <= 0:
+            bad(key, v, "must be > 0")
+
+
 def check_optim(oc: OptimConfig, bad) -> None:
     """The optimizer section's value checks (both families)."""
     if oc.decay not in DECAYS:
@@ -312,9 +319,7 @@ def validate(cfg: Config, where: str) -> None:
         "data.masks_per_image": cfg.data.masks_per_image,
         "optim.lr": cfg.optim.lr,
     }
-    for key, v in positive.items():
-        if v <= 0:
-            bad(key, v, "must be > 0")
+    check_positive(positive, bad)
     if cfg.loss.logit_upsample not in (1, 2, 4):
         bad("loss.logit_upsample", cfg.loss.logit_upsample, "choose from 1, 2, 4")
     check_optim(cfg.optim, bad)

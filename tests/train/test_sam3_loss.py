@@ -270,24 +270,27 @@ def test_hungarian_matcher_v2(ref, counts, kwargs):
         m_p(st_p, t_p, repeat_batch=2), m_t(st_t, t_t, repeat_batch=2), "repeat_batch"
     )
     # invalid predictions / targets are filtered out of the assignment
-    T = t_t["boxes_padded"].shape[1]
-    out_valid = rng.random((len(counts), Q)) < 0.7
-    tgt_valid = rng.random((len(counts), T)) < 0.8
-    assert_same_indices(
-        m_p(
-            out_p,
-            t_p,
-            out_is_valid=paddle.to_tensor(out_valid),
-            target_is_valid_padded=paddle.to_tensor(tgt_valid),
-        ),
-        m_t(
-            out_t,
-            t_t,
-            out_is_valid=torch.tensor(out_valid),
-            target_is_valid_padded=torch.tensor(tgt_valid),
-        ),
-        "valid",
+    assert_same_with_validity(rng, m_p, m_t, out_p, t_p, out_t, t_t, Q, "valid")
+
+
+def assert_same_with_validity(rng, m_p, m_t, out_p, t_p, out_t, t_t, Q, what):
+    """Both matchers with random prediction / target validity masks give the same pairs."""
+    B, T = t_t["boxes_padded"].shape[:2]
+    out_valid = rng.random((B, Q)) < 0.7
+    tgt_valid = rng.random((B, T)) < 0.8
+    ours = m_p(
+        out_p,
+        t_p,
+        out_is_valid=paddle.to_tensor(out_valid),
+        target_is_valid_padded=paddle.to_tensor(tgt_valid),
     )
+    theirs = m_t(
+        out_t,
+        t_t,
+        out_is_valid=torch.tensor(out_valid),
+        target_is_valid_padded=torch.tensor(tgt_valid),
+    )
+    assert_same_indices(ours, theirs, what)
 
 
 @pytest.mark.parametrize("counts", list(COUNTS.values()), ids=list(COUNTS))
@@ -307,24 +310,7 @@ def test_one_to_many_matcher(ref, counts, topk):
     assert_same_indices(m_p(out_p, t_p), idx_t, "o2m")
     if sum(counts):
         assert len(idx_t[0]) > 0, "the test data should produce one-to-many matches"
-    T = t_t["boxes_padded"].shape[1]
-    out_valid = rng.random((len(counts), Q)) < 0.7
-    tgt_valid = rng.random((len(counts), T)) < 0.8
-    assert_same_indices(
-        m_p(
-            out_p,
-            t_p,
-            out_is_valid=paddle.to_tensor(out_valid),
-            target_is_valid_padded=paddle.to_tensor(tgt_valid),
-        ),
-        m_t(
-            out_t,
-            t_t,
-            out_is_valid=torch.tensor(out_valid),
-            target_is_valid_padded=torch.tensor(tgt_valid),
-        ),
-        "o2m valid",
-    )
+    assert_same_with_validity(rng, m_p, m_t, out_p, t_p, out_t, t_t, Q, "o2m valid")
 
 
 # ---------------------------------------------------------------------- the elementwise losses

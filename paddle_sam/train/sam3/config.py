@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, check_optim
+from ..config import RunConfig, check_optim, check_positive
 
 FREEZABLE = ("vision_backbone", "text_encoder")
 
@@ -151,9 +151,7 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
         "train.checkpoint_every": cfg.train.checkpoint_every,
         "optim.lr": cfg.optim.lr,
     }
-    for key, v in positive.items():
-        if v <= 0:
-            bad(key, v, "must be > 0")
+    check_positive(positive, bad)
     if not 0 < cfg.optim.layer_decay <= 1:
         bad("optim.layer_decay", cfg.optim.layer_decay, "must be in (0, 1]")
     check_optim(cfg.optim, bad)
