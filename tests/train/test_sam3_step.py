@@ -314,6 +314,28 @@ def test_train_step_matches_official(pair, reference_step, batch_np):
     assert significant > 0.8 * len(t_grads), "most trainable parameters should get a gradient"
 
 
+def test_recompute_gives_the_same_gradients(bpe_path, batch_np):
+    """Activation checkpointing (the default) against keeping every activation: the same
+    losses and gradients, with dropout on (its masks are replayed in the recomputation)."""
+    results = []
+    for recompute in (True, False):
+        paddle.seed(11)
+        model = tiny_model(bpe_path)
+        model.train()
+        STEP.freeze(model, "vision_backbone", "text_encoder")
+        paddle.seed(5)
+        criterion = build_roboflow_v100_loss(True)
+        core, losses = STEP.step_loss(model, paddle_batch(batch_np), criterion, recompute)
+        core.backward()
+        grads = {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+        results.append(({k: float(v) for k, v in losses.items()}, grads))
+    (l1, g1), (l2, g2) = results
+    assert l1 == pytest.approx(l2, rel=1e-6)
+    assert set(g1) == set(g2) and len(g1) > 50
+    for name in g1:
+        np.testing.assert_allclose(g1[name], g2[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
 def test_step_with_optimizer_and_clipping(bpe_path, batch_np):
     """train_step with an optimizer and clipping: the clipped gradient norm is max_norm, the
     trainable weights move, the frozen ones do not."""

@@ -87,6 +87,9 @@ class Sam3TrainConfig:
     batch_size: int = 1  # images per micro-batch, per process (each with all its queries)
     grad_accum: int = 1
     amp: bool = False
+    # the fusion encoder's activations recomputed in the backward pass (upstream's setting):
+    # the same gradients, and memory for more than one query per image at full size
+    recompute: bool = True
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import inspect
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -152,6 +153,41 @@ def _divide_and_conquer(decoder: nn.Layer, num_o2m: int) -> Iterator[None]:
             layer.self_attn = attn
 
 
+@contextlib.contextmanager
+def _recomputed(layers: Sequence[nn.Layer], enable: bool) -> Iterator[None]:
+    """Inside the block (when ``enable`` and gradients are on) each of ``layers`` keeps only
+    its inputs for the backward pass and runs its forward again there (activation
+    checkpointing, as upstream's training builds its encoder): the fusion encoder's attention
+    over every image token, kept per query and per layer, is what fills memory otherwise.
+    The same gradients; the layers are restored on exit. (Not the decoder's layers: their
+    gradients came out wrong under Paddle 3.3's recompute, and they hold far less.)"""
+    if not enable or not paddle.is_grad_enabled():
+        yield
+        return
+    from paddle.distributed.fleet.utils import recompute
+
+    def wrap(forward):
+        signature = inspect.signature(forward)
+
+        def run(*args, **kwargs):
+            # every argument positional: Paddle's recompute sends gradients back to the
+            # positional tensors only (a tensor passed by keyword lost part of its gradient)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return recompute(forward, *bound.args, use_reentrant=False)
+
+        return run
+
+    originals = [layer.forward for layer in layers]
+    try:
+        for layer, forward in zip(layers, originals, strict=True):
+            layer.forward = wrap(forward)
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward  # the class's forward again
+
+
 def backbone_features(
     model: Sam3Image, images: paddle.Tensor, texts: Sequence[str]
 ) -> tuple[dict[str, Any], paddle.Tensor]:
@@ -180,6 +216,7 @@ def forward_train(
     texts: Sequence[str],
     img_ids: paddle.Tensor | Sequence[int] | None = None,
     geometric_prompt: Any = None,
+    recompute: bool = True,
 ) -> dict[str, Any]:
     """Upstream's training forward of one find stage: ``texts[i]`` is the prompt of image
     ``img_ids[i]`` (default ``i``) of ``images`` (``B x 3 x H x W``); ``geometric_prompt``
@@ -192,7 +229,9 @@ def forward_train(
     earlier decoder layer with the same logits, boxes and presence keys. With the decoder's
     DAC, every level also has ``pred_logits_o2m``, ``pred_boxes_o2m``,
     ``pred_boxes_xyxy_o2m`` (and the final one ``pred_masks_o2m``) for the ``Q`` one-to-many
-    queries. Dropout follows the layers' train / eval modes; no matching is done
+    queries. ``recompute``: the encoder and decoder layers keep only their inputs for the
+    backward pass (activation checkpointing, upstream's training setting; same gradients, far
+    less memory). Dropout follows the layers' train / eval modes; no matching is done
     (:func:`~.sam3_loss.compute_matching`). ``[[out]]`` is what the criterion takes."""
     n = len(texts)
     if img_ids is None:
@@ -206,7 +245,8 @@ def forward_train(
     if geometric_prompt is None:
         geometric_prompt = model._get_dummy_prompt(n)
     prompt, prompt_mask = model._encode_prompt(backbone_out, find_input, geometric_prompt)
-    encoder_out = model._run_encoder(backbone_out, find_input, prompt, prompt_mask)
+    with _recomputed(model.transformer.encoder.layers, recompute):
+        encoder_out = model._run_encoder(backbone_out, find_input, prompt, prompt_mask)
     memory = encoder_out["encoder_hidden_states"]
 
     decoder = model.transformer.decoder
@@ -338,11 +378,12 @@ def _field(batch: Any, name: str, default: Any = None) -> Any:
 
 
 def step_loss(
-    model: Sam3Image, batch: Any, criterion: nn.Layer
+    model: Sam3Image, batch: Any, criterion: nn.Layer, recompute: bool = True
 ) -> tuple[paddle.Tensor, dict[str, paddle.Tensor]]:
-    """The forward half of :func:`train_step`: :func:`forward_train` on ``batch``, the
-    matching with ``criterion.matcher`` and the criterion. Returns the total loss (a tensor
-    to backpropagate) and every term; a non-finite total raises ``FloatingPointError``."""
+    """The forward half of :func:`train_step`: :func:`forward_train` on ``batch`` (with
+    ``recompute``), the matching with ``criterion.matcher`` and the criterion. Returns the
+    total loss (a tensor to backpropagate) and every term; a non-finite total raises
+    ``FloatingPointError``."""
     targets = _field(batch, "targets")
     out = forward_train(
         model,
@@ -350,6 +391,7 @@ def step_loss(
         _field(batch, "texts"),
         img_ids=_field(batch, "img_ids"),
         geometric_prompt=_field(batch, "geometric_prompt"),
+        recompute=recompute,
     )
     compute_matching(out, targets, criterion.matcher)
     losses = criterion([[out]], [targets])

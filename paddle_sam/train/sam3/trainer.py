@@ -181,7 +181,7 @@ class Sam3Trainer(TrainerBase):
         samples = [ds[q] for i in mine for q in ds.queries(int(i))]
         batch = collate_concepts(samples)
         paddle.seed(int(rng.integers(1 << 31)))  # dropout: a function of (seed, step, micro, rank)
-        core, losses = step_loss(self.model, batch, self.criterion)
+        core, losses = step_loss(self.model, batch, self.criterion, tc.recompute)
         weight = tc.batch_size / n_images
         stats = {k: float(v) * weight for k, v in losses.items() if k in self.metric_fields}
         stats["queries"] = len(samples) * weight
