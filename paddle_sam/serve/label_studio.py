@@ -326,31 +326,34 @@ class LabelStudioBackend:
         key = f"ls-{task.get('id')}-" + uuid.uuid5(uuid.NAMESPACE_URL, ref).hex
         with self._lock:
             lock = self._embedding.setdefault(key, threading.Lock())
-        with lock:  # one embedding per task, however many requests ask at once
-            try:
-                return self.store.get(key)
-            except SessionError:
-                pass
-            raw = self.download(ref)
-            name = ref.rsplit("/", 1)[-1][:100] or "image"
-            if sniff_image_format(raw) is None:
-                raise ApiError(
-                    400, "invalid_image", f"{name}: not a readable image ({IMAGE_FORMATS})"
-                )
-            try:
-                image = decode_image(io.BytesIO(raw), name, self.max_image_pixels)
-            except ImageTooLargeError as exc:
-                raise ApiError(413, "image_too_large", str(exc)) from None
-            except ValueError as exc:
-                raise ApiError(400, "invalid_image", str(exc)) from None
-            try:
-                state, seconds = self.service.embed(image)
-            except ValueError as exc:
-                raise ApiError(400, "invalid_image", f"{name}: {exc}") from None
-            session = Session(key, image, state, seconds)
-            self.store.add(session)
-        with self._lock:
-            self._embedding.pop(key, None)
+        try:
+            with lock:  # one embedding per task, however many requests ask at once
+                return self._cached_or_embedded(key, ref)
+        finally:
+            with self._lock:
+                self._embedding.pop(key, None)
+
+    def _cached_or_embedded(self, key: str, ref: str) -> Session:
+        try:
+            return self.store.get(key)
+        except SessionError:
+            pass
+        raw = self.download(ref)
+        name = ref.rsplit("/", 1)[-1][:100] or "image"
+        if sniff_image_format(raw) is None:
+            raise ApiError(400, "invalid_image", f"{name}: not a readable image ({IMAGE_FORMATS})")
+        try:
+            image = decode_image(io.BytesIO(raw), name, self.max_image_pixels)
+        except ImageTooLargeError as exc:
+            raise ApiError(413, "image_too_large", str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, "invalid_image", str(exc)) from None
+        try:
+            state, seconds = self.service.embed(image)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_image", f"{name}: {exc}") from None
+        session = Session(key, image, state, seconds)
+        self.store.add(session)
         return session
 
     def _predict(self, session: Session, **kwargs) -> tuple[np.ndarray, np.ndarray]:
