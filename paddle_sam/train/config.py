@@ -109,8 +109,15 @@ class RunConfig:
     model_name: str | None = None  # model_type written in the final model's sidecar
 
 
+class ConfigBase:
+    """What a family's run config (a dataclass) shares."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
 @dataclass
-class Config:
+class Config(ConfigBase):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     prompts: PromptConfig = field(default_factory=PromptConfig)
@@ -118,9 +125,6 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _type_name(tp) -> str:

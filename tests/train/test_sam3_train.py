@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
-import yaml
 
 from paddle_sam.cli import main
 from paddle_sam.train.config import ConfigError, load_config
 from tests.helpers.sam3_ref import tiny_sam3_spec
+from tests.helpers.train_runs import losses_of, write_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,16 +42,6 @@ def tiny_config(out: Path, **sections) -> dict:
     for name, values in sections.items():
         cfg.setdefault(name, {}).update(values)
     return cfg
-
-
-def write_yaml(path: Path, cfg: dict) -> Path:
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def losses_of(run: Path) -> dict[int, float]:
-    with open(run / "metrics.csv", newline="") as f:
-        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
 def metrics_of(run: Path) -> dict[int, dict[str, float]]:

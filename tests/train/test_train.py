@@ -5,7 +5,6 @@ Tiny model (64 px input) and tiny generated images, so the whole file takes seco
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from PIL import Image
 
 from paddle_sam.cli import main
@@ -22,6 +20,7 @@ from paddle_sam.train import prompts
 from paddle_sam.train.config import ConfigError, load_config
 from paddle_sam.train.data import CocoDataset, MaskFolderDataset, SA1BDataset, SkipLog, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset
+from tests.helpers.train_runs import losses_of, write_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SPEC = dict(
@@ -63,16 +62,6 @@ def tiny_config(tmp_path: Path, **sections) -> dict:
     for name, values in sections.items():
         cfg.setdefault(name, {}).update(values)
     return cfg
-
-
-def write_yaml(path: Path, cfg: dict) -> Path:
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def losses_of(run: Path) -> dict[int, float]:
-    with open(run / "metrics.csv", newline="") as f:
-        return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
 
 
 # -- synthetic data and formats --

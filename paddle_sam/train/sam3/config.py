@@ -10,12 +10,11 @@ inverse-square-root schedule (time scale, warm-up and cool-down 20 steps), the l
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, check_optim, check_positive
+from ..config import ConfigBase, RunConfig, check_optim, check_positive
 
 FREEZABLE = ("vision_backbone", "text_encoder")
 
@@ -99,7 +98,7 @@ class Sam3TrainConfig:
 
 
 @dataclass
-class Sam3Config:
+class Sam3Config(ConfigBase):
     family: str = "sam3"
     model: Sam3ModelConfig = field(default_factory=Sam3ModelConfig)
     data: Sam3DataConfig = field(default_factory=Sam3DataConfig)
@@ -107,9 +106,6 @@ class Sam3Config:
     optim: Sam3OptimConfig = field(default_factory=Sam3OptimConfig)
     train: Sam3TrainConfig = field(default_factory=Sam3TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def validate_sam3(cfg: Sam3Config, where: str) -> None:
