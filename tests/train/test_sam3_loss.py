@@ -18,6 +18,8 @@ Running the reference on the CPU needs two stand-ins, both outside the code unde
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -686,43 +688,31 @@ def test_video_query_options(ref):
         trk_loss_scale_neg=0.75,
     )
     common = dict(apply_loss_to_det_queries_in_video_grounding=False)
+    specs = [
+        (
+            "IABCEMdetr",
+            dict(
+                pos_weight=5.0,
+                weak_loss=False,
+                gamma=2,
+                use_presence=True,
+                use_separate_loss_for_det_and_trk=True,
+                no_loss_for_fp_propagation=True,
+                weight_dict={"loss_ce": 1.0},
+                **scales,
+            ),
+        ),
+        (
+            "IABCEMdetr",
+            dict(pos_weight=5.0, weak_loss=False, weight_dict={"loss_ce": 1.0}, **common),
+        ),
+        ("Boxes", dict(weight_dict={"loss_bbox": 5.0, "loss_giou": 2.0}, **common)),
+        ("Masks", dict(weight_dict={"loss_mask": 20.0, "loss_dice": 1.0}, **common)),
+    ]
+    # each side its own copy of the arguments (a loss may keep its weight_dict)
     pairs = [
-        (
-            ref.L.IABCEMdetr(
-                pos_weight=5.0,
-                weak_loss=False,
-                gamma=2,
-                use_presence=True,
-                use_separate_loss_for_det_and_trk=True,
-                no_loss_for_fp_propagation=True,
-                weight_dict={"loss_ce": 1.0},
-                **scales,
-            ),
-            P.IABCEMdetr(
-                pos_weight=5.0,
-                weak_loss=False,
-                gamma=2,
-                use_presence=True,
-                use_separate_loss_for_det_and_trk=True,
-                no_loss_for_fp_propagation=True,
-                weight_dict={"loss_ce": 1.0},
-                **scales,
-            ),
-        ),
-        (
-            ref.L.IABCEMdetr(
-                pos_weight=5.0, weak_loss=False, weight_dict={"loss_ce": 1.0}, **common
-            ),
-            P.IABCEMdetr(pos_weight=5.0, weak_loss=False, weight_dict={"loss_ce": 1.0}, **common),
-        ),
-        (
-            ref.L.Boxes(weight_dict={"loss_bbox": 5.0, "loss_giou": 2.0}, **common),
-            P.Boxes(weight_dict={"loss_bbox": 5.0, "loss_giou": 2.0}, **common),
-        ),
-        (
-            ref.L.Masks(weight_dict={"loss_mask": 20.0, "loss_dice": 1.0}, **common),
-            P.Masks(weight_dict={"loss_mask": 20.0, "loss_dice": 1.0}, **common),
-        ),
+        (getattr(ref.L, name)(**copy.deepcopy(kw)), getattr(P, name)(**copy.deepcopy(kw)))
+        for name, kw in specs
     ]
     for fn_t, fn_p in pairs:
         r_t = fn_t(outputs=out_t, targets=tt, indices=idx_t, num_boxes=torch.tensor(5.0))
