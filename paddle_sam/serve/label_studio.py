@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 import threading
 import time
@@ -41,8 +40,8 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 
 from .._version import __version__
-from ..predict.io import ImageTooLargeError, decode_image, label_studio_rle
-from .routes import IMAGE_FORMATS, ApiError, sniff_image_format
+from ..predict.io import label_studio_rle
+from .routes import ApiError, decode_image_bytes
 from .service import ModelService
 from .sessions import Session, SessionError, SessionStore
 
@@ -338,16 +337,8 @@ class LabelStudioBackend:
             return self.store.get(key)
         except SessionError:
             pass
-        raw = self.download(ref)
         name = ref.rsplit("/", 1)[-1][:100] or "image"
-        if sniff_image_format(raw) is None:
-            raise ApiError(400, "invalid_image", f"{name}: not a readable image ({IMAGE_FORMATS})")
-        try:
-            image = decode_image(io.BytesIO(raw), name, self.max_image_pixels)
-        except ImageTooLargeError as exc:
-            raise ApiError(413, "image_too_large", str(exc)) from None
-        except ValueError as exc:
-            raise ApiError(400, "invalid_image", str(exc)) from None
+        image = decode_image_bytes(self.download(ref), name, self.max_image_pixels)
         try:
             state, seconds = self.service.embed(image)
         except ValueError as exc:

@@ -67,6 +67,24 @@ class ApiError(Exception):
         self.status, self.code, self.detail, self.headers = status, code, detail, headers
 
 
+def decode_image_bytes(data: bytes, name: str, max_pixels: int) -> np.ndarray:
+    """An uploaded or downloaded image file as ``H x W x 3`` uint8: only the formats of
+    :data:`IMAGE_SIGNATURES` (by their first bytes), within ``max_pixels``; else the
+    :class:`ApiError` a client gets (400 ``invalid_image``, 413 ``image_too_large``)."""
+    if sniff_image_format(data) is None:
+        raise ApiError(
+            400,
+            "invalid_image",
+            f"{name}: not a readable image: the formats read are {IMAGE_FORMATS}",
+        )
+    try:
+        return decode_image(io.BytesIO(data), name, max_pixels)
+    except ImageTooLargeError as exc:
+        raise ApiError(413, "image_too_large", str(exc)) from None
+    except ValueError as exc:
+        raise ApiError(400, "invalid_image", str(exc)) from None
+
+
 def _error(
     status: int, code: str, detail: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -170,20 +188,9 @@ def add_routes(
     decoding = threading.Lock()
 
     def _decode(data: bytes, name: str) -> tuple[np.ndarray, list[str]]:
-        if sniff_image_format(data) is None:
-            raise ApiError(
-                400,
-                "invalid_image",
-                f"{name}: not a readable image: the formats read are {IMAGE_FORMATS}",
-            )
         with decoding, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            try:
-                image = decode_image(io.BytesIO(data), name, max_image_pixels)
-            except ImageTooLargeError as exc:
-                raise ApiError(413, "image_too_large", str(exc)) from None
-            except ValueError as exc:
-                raise ApiError(400, "invalid_image", str(exc)) from None
+            image = decode_image_bytes(data, name, max_image_pixels)
         return image, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
 
     def _new_session(data: bytes, name: str, upload_id: str | None = None) -> Session:
@@ -416,4 +423,11 @@ def add_routes(
         return job.to_json(with_result=True)
 
 
-__all__ = ["MAX_JSON_BYTES", "ApiError", "add_error_handlers", "add_routes", "sniff_image_format"]
+__all__ = [
+    "MAX_JSON_BYTES",
+    "ApiError",
+    "add_error_handlers",
+    "add_routes",
+    "decode_image_bytes",
+    "sniff_image_format",
+]
