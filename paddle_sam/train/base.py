@@ -256,7 +256,7 @@ class TrainerBase:
             else:
                 loss.backward()
         self._allreduce_grads(stats)
-        if self.scaler is None:
+        if self.scaler is None and "grad_norm" in self.metric_fields:
             stats["grad_norm"] = self._grad_norm()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)

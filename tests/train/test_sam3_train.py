@@ -178,6 +178,25 @@ def test_two_processes_equal_one_with_the_doubled_batch(tmp_path):
     assert close.mean() > 0.99, close.mean()
 
 
+def test_train_from_a_checkpoint(tmp_path):
+    """A run starting from an exported model: its sizes come from the sidecar and its weights
+    are the exported ones."""
+    first = tiny_config(tmp_path / "a", data={"val": None})
+    first["train"].update(steps=1, checkpoint_every=1)
+    assert main(["train", str(write_yaml(tmp_path / "a.yaml", first)), "--quiet"]) == 0
+    model = tmp_path / "a" / "run" / "model.pdparams"
+    second = tiny_config(tmp_path / "b", data={"val": None})
+    second["model"] = {"checkpoint": str(model)}
+    second["train"].update(steps=1, checkpoint_every=1)
+    assert main(["train", str(write_yaml(tmp_path / "b.yaml", second)), "--quiet"]) == 0
+    from paddle_sam.train.sam3.trainer import Sam3Trainer
+
+    t = Sam3Trainer(load_config(tmp_path / "b.yaml"), progress=False, overwrite=True)
+    assert t.spec == tiny_sam3_spec()
+    loaded = {k: v.numpy() for k, v in t.model.state_dict().items()}
+    assert all(np.array_equal(loaded[k], v) for k, v in weights(model).items())
+
+
 def test_lora_run_exports_plain_weights(tmp_path):
     """With LoRA only the adapters train; the exported model has exactly the model's keys,
     and differs from the initial weights only in layers the adapters were on."""

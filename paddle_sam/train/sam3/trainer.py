@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ...build.sam3 import build_sam3_image_model, load_sam3, sam3_spec
+from ...build.sam3 import build_sam3_image_model, sam3_spec
 from ...convert.core import save_pdparams, sidecar_meta
 from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
 from ..base import TrainerBase
@@ -93,12 +93,13 @@ class Sam3Trainer(TrainerBase):
 
     def build_model(self):
         cfg = self.cfg
-        if cfg.model.checkpoint is not None:
+        if cfg.model.checkpoint is not None:  # its sizes from its sidecar, checked
             self.spec = sam3_spec(cfg.model.checkpoint, enable_inst_interactivity=False)
-            model = load_sam3(cfg.model.checkpoint, bpe_path=cfg.model.bpe)
         else:
             self.spec = Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
-            model = build_sam3_image_model(bpe_path=cfg.model.bpe, spec=self.spec)
+        model = build_sam3_image_model(
+            bpe_path=cfg.model.bpe, checkpoint_path=cfg.model.checkpoint, spec=self.spec
+        )
         if cfg.model.freeze:
             freeze(model, *cfg.model.freeze)
         if cfg.model.lora_rank:
