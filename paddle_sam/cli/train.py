@@ -103,13 +103,17 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     import tempfile
 
     from ..build.sam3 import load_sam3_predictor
-    from ..train.sam3.evaluate import evaluate_concepts
+    from ..train.sam3.evaluate import AP_CONFIDENCE_THRESHOLD, evaluate_concepts
 
     if args.checkpoint is None:
         raise ValueError("--model-type sam3 needs --checkpoint (a trained or converted SAM 3)")
     args.format = args.format or "coco"
     if args.format not in ("coco", "concepts"):
         raise ValueError("SAM 3 evaluates --format coco (with --data) or concepts")
+    if args.format == "coco" and args.data is None:  # before the (slow) model load
+        raise ValueError("--format coco needs --data ANNOTATIONS.json (or a Roboflow split)")
+    if args.confidence_threshold is None:
+        args.confidence_threshold = AP_CONFIDENCE_THRESHOLD
     predictor = load_sam3_predictor(
         args.checkpoint, confidence_threshold=args.confidence_threshold, interactive=False
     )
@@ -121,8 +125,6 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
             write_concept_dataset(tmp, args.num_images or 30, args.seed, overwrite=True)
             data = str(Path(tmp) / "annotations.json")
             images, n = str(Path(tmp) / "images"), None
-        elif data is None:
-            raise ValueError("--format coco needs --data ANNOTATIONS.json (or a Roboflow split)")
         else:
             from ..train.sam3.data import ConceptDataset
 
@@ -154,6 +156,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         return 0
     args.format = args.format or "folder"
+    if args.confidence_threshold is not None:
+        raise ValueError("--confidence-threshold applies to --model-type sam3 only")
     if args.format == "concepts":
         raise ValueError("--format concepts is SAM 3's: give --model-type sam3, --checkpoint")
     skips = SkipLog()
@@ -232,8 +236,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--confidence-threshold",
         type=parse_confidence_threshold,
-        default=0.05,
-        help="SAM 3: keep instances scoring above this for AP (default: %(default)s)",
+        default=None,
+        help="SAM 3: keep instances scoring above this for AP (default: 0.05, the one training's "
+        "evaluations use)",
     )
     e.add_argument("--images", default=None, help="COCO image folder (default: images/)")
     e.add_argument(

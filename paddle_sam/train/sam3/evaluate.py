@@ -19,6 +19,10 @@ import numpy as np
 
 from ...predict.io import coco_rle, load_image
 
+# detections kept for AP: low, as COCO evaluation ranks them by score (a high threshold only
+# drops recall); `paddle-sam eval --confidence-threshold` and training's evaluations
+AP_CONFIDENCE_THRESHOLD = 0.05
+
 
 def _mask_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every mask of ``a`` (N x H x W) with every mask of ``b`` (M x H x W): N x M."""
@@ -151,4 +155,4 @@ def evaluate_concepts(
     }
 
 
-__all__ = ["evaluate_concepts", "instance_recall"]
+__all__ = ["AP_CONFIDENCE_THRESHOLD", "evaluate_concepts", "instance_recall"]

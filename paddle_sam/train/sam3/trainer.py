@@ -208,13 +208,13 @@ class Sam3Trainer(TrainerBase):
         if self.val_data is None:
             return {}
         from ...predict.sam3.predictor import Sam3Predictor
-        from .evaluate import evaluate_concepts
+        from .evaluate import AP_CONFIDENCE_THRESHOLD, evaluate_concepts
 
         model = self.merged_model()
         model.eval()
         try:
             res = evaluate_concepts(
-                Sam3Predictor(model),
+                Sam3Predictor(model, confidence_threshold=AP_CONFIDENCE_THRESHOLD),
                 self.val_data.ann_path,
                 self.val_data.image_dir,
                 self.cfg.data.eval_images,
