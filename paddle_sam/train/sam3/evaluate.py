@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...predict.io import coco_rle, load_image
+from ...predict.sam_v1.amg_utils import box_xyxy_to_xywh
 
 # detections kept for AP: low, as COCO evaluation ranks them by score (a high threshold only
 # drops recall); `paddle-sam eval --confidence-threshold` and training's evaluations
@@ -56,11 +57,6 @@ def instance_recall(
         "recall": found / len(gt) if len(gt) else 1.0,
         "ious": [round(float(v), 4) for v in ious],
     }
-
-
-def _xywh(box_xyxy: np.ndarray) -> list[float]:
-    x0, y0, x1, y1 = (float(v) for v in box_xyxy)
-    return [x0, y0, x1 - x0, y1 - y0]
 
 
 def _summary(gt, detections: list[dict], iou_type: str) -> dict[str, Any]:
@@ -129,7 +125,7 @@ def evaluate_concepts(
             found = predictor.ground(name)
             for m, s, b in zip(found.masks, found.scores, found.boxes, strict=True):
                 det = {"image_id": image_id, "category_id": cat_id, "score": float(s)}
-                det["bbox"] = _xywh(b)
+                det["bbox"] = [float(v) for v in box_xyxy_to_xywh(np.asarray(b, np.float64))]
                 det["segmentation"] = coco_rle(np.asarray(m, dtype=bool))
                 detections.append(det)
     box = _summary(gt, detections, "bbox")
