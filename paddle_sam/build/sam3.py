@@ -32,6 +32,11 @@ from ..predict.sam3.tokenizer import SimpleTokenizer
 from ..predict.sam3.tracker import Sam3TrackerVideoPredictor
 from ..predict.sam3.video_predictor import Sam3VideoModel, Sam3VideoPredictor
 
+# the bundled small SAM 3 (configs/sam3_tiny_concepts.yaml, ``make train-sam3-default``): trained
+# on synthetic concept scenes only, it knows their 30 phrases ("red star", "ring", ...) and
+# nothing else; 224 px input, no tracker (text and box prompts, no clicks)
+DEFAULT_SAM3_MODEL = Path(__file__).resolve().parents[1] / "assets" / "sam3_tiny_concepts.pdparams"
+
 
 def _no_download(load_from_hf: bool, checkpoint_path: object) -> None:
     if load_from_hf and checkpoint_path is None:
@@ -258,6 +263,7 @@ def load_sam3_predictor(
 
 
 __all__ = [
+    "DEFAULT_SAM3_MODEL",
     "build_sam3_image_model",
     "build_sam3_video_model",
     "build_sam3_video_predictor",

@@ -57,6 +57,22 @@ def load_model(args: argparse.Namespace) -> Any:
     return load_sam(args.checkpoint, args.model_type)
 
 
+def sam3_checkpoint(args: argparse.Namespace) -> str | Path:
+    """--checkpoint of a SAM 3 command, or the bundled small SAM 3 (with a notice)."""
+    from ..build.sam3 import DEFAULT_SAM3_MODEL
+
+    if args.checkpoint is not None:
+        return args.checkpoint
+    print(
+        f"note: no --checkpoint given, using the default SAM 3 ({DEFAULT_SAM3_MODEL.name}, "
+        "a small SAM 3 trained on synthetic concept scenes only: it knows their 30 phrases, "
+        "such as 'red star' or 'ring', and nothing else; real images need the official "
+        "sam3.pt: paddle-sam convert)",
+        file=sys.stderr,
+    )
+    return DEFAULT_SAM3_MODEL
+
+
 def family(args: argparse.Namespace) -> str:
     """``"sam_v1"`` or ``"sam3"``: from --model-type, else from the --exported folder's
     manifest, else from the checkpoint (a missing file is left to the loader's error), else

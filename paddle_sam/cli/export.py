@@ -6,7 +6,14 @@ import argparse
 import time
 from pathlib import Path
 
-from .common import DEFAULT_MODEL, add_model_args, check_out_folder, family, load_model
+from .common import (
+    DEFAULT_MODEL,
+    add_model_args,
+    check_out_folder,
+    family,
+    load_model,
+    sam3_checkpoint,
+)
 
 # the ONNX-only options: (attribute, flag); set on a PIR export they are refused
 ONNX_OPTIONS = (
@@ -89,11 +96,7 @@ def _export_sam3(args: argparse.Namespace) -> int:
     if args.format != "pir":
         raise ValueError("SAM 3 exports to PIR programs only (--format pir)")
     _check_onnx_options(args)
-    if args.checkpoint is None:
-        raise ValueError(
-            "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
-            "and pass --checkpoint FILE"
-        )
+    args.checkpoint = sam3_checkpoint(args)
     model = load_sam3(args.checkpoint)
     meta = read_sidecar(args.checkpoint) or {}
     t = time.perf_counter()

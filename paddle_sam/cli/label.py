@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import bounded, check_one_source, positive
+from .common import bounded, check_one_source, positive, sam3_checkpoint
 from .everything import add_generator_args
 
 MAX_WORKERS = 256
@@ -43,7 +43,7 @@ def cmd_label(args: argparse.Namespace) -> int:
         if value is not None and not Path(value).exists():
             raise FileNotFoundError(f"--{name} not found: {value}")
     if prompts and args.checkpoint is None and args.exported is None:
-        raise ValueError("SAM 3 concepts need --checkpoint (sam3.pt or .pdparams) or --exported")
+        args.checkpoint = sam3_checkpoint(args)
     if args.engine != "ray" and (
         args.ray_address is not None or args.num_gpus_per_worker or args.cpus_per_worker != 1
     ):

@@ -26,12 +26,14 @@ from .common import (
     parse_point,
     prepare_out,
     read_image,
+    sam3_checkpoint,
     write_masks,
 )
 
 NO_SAM3_CHECKPOINT = (
-    "no --checkpoint given: convert the official sam3.pt with 'paddle-sam convert' "
-    "and pass --checkpoint FILE"
+    "no --checkpoint given: clicks with SAM 3 need its tracker's heads, which the bundled "
+    "small SAM 3 does not have; convert the official sam3.pt with 'paddle-sam convert' and "
+    "pass --checkpoint FILE"
 )
 
 
@@ -174,8 +176,6 @@ def _segment_sam3(args: argparse.Namespace) -> int:
     threshold = 0.5 if args.confidence_threshold is None else args.confidence_threshold
     if args.bpe is not None and not Path(args.bpe).is_file():
         raise FileNotFoundError(f"BPE vocabulary not found: {args.bpe}")
-    if args.checkpoint is None and args.exported is None:
-        raise ValueError(NO_SAM3_CHECKPOINT + " (or --exported DIR from 'paddle-sam export')")
     image = read_image(args.image, args.command)
     check_prompts([], args.box + args.negative_box, image)
     out = Path(args.output)
@@ -185,6 +185,7 @@ def _segment_sam3(args: argparse.Namespace) -> int:
     if args.exported is not None:
         predictor = exported_predictor(args.exported, threshold, args.bpe)
     else:
+        args.checkpoint = sam3_checkpoint(args)
         predictor = load_sam3_predictor(args.checkpoint, args.bpe, threshold, interactive=False)
     t_load = time.perf_counter() - t
     t = time.perf_counter()

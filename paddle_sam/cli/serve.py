@@ -30,6 +30,7 @@ from .common import (
     load_model,
     parse_confidence_threshold,
     positive,
+    sam3_checkpoint,
 )
 
 LS_URL_ENV = "LABEL_STUDIO_URL"
@@ -242,8 +243,9 @@ def _video_refusal(args: argparse.Namespace) -> str | None:
     meta = (read_sidecar(path) if path.is_file() else None) or {}
     if meta.get("interactive") is False:
         return (
-            f"this server's SAM 3 checkpoint ({path.name}) was converted without the tracker's "
-            "weights: the video mode needs the full released sam3.pt converted"
+            f"this server's SAM 3 checkpoint ({path.name}) has no tracker weights (converted "
+            "without them, or trained as an image model): the video mode needs the full "
+            "released sam3.pt converted"
         )
     return None
 
@@ -326,8 +328,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         if args.exported is not None:
             raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
-        if args.checkpoint is None:
-            raise ValueError("--model-type sam3 needs --checkpoint (sam3.pt or a .pdparams)")
+        args.checkpoint = sam3_checkpoint(args)
         video_refusal = (
             "no video mode with --label-studio" if args.label_studio else _video_refusal(args)
         )

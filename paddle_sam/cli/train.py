@@ -19,6 +19,7 @@ from .common import (
     parse_confidence_threshold,
     parse_seed,
     parse_size,
+    sam3_checkpoint,
 )
 
 MAX_NPROC = 128  # data-parallel processes on one machine
@@ -40,7 +41,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         from ..train.trainer import Trainer
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     trainer = Trainer(
-        cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, config_text=text
+        cfg,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        config_text=text,
+        recipe=args.config,
     )
     result = trainer.run()
     if trainer.rank == 0:
@@ -105,8 +111,6 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     from ..build.sam3 import load_sam3_predictor
     from ..train.sam3.evaluate import AP_CONFIDENCE_THRESHOLD, evaluate_concepts
 
-    if args.checkpoint is None:
-        raise ValueError("--model-type sam3 needs --checkpoint (a trained or converted SAM 3)")
     args.format = args.format or "coco"
     if args.format not in ("coco", "concepts"):
         raise ValueError("SAM 3 evaluates --format coco (with --data) or concepts")
@@ -114,6 +118,7 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
         raise ValueError("--format coco needs --data ANNOTATIONS.json (or a Roboflow split)")
     if args.confidence_threshold is None:
         args.confidence_threshold = AP_CONFIDENCE_THRESHOLD
+    args.checkpoint = sam3_checkpoint(args)
     predictor = load_sam3_predictor(
         args.checkpoint, confidence_threshold=args.confidence_threshold, interactive=False
     )

@@ -164,6 +164,19 @@ def coco_rle(mask: np.ndarray) -> dict:
     return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
+def decode_coco_rle(rle: dict) -> np.ndarray:
+    """``H x W`` bool mask of a COCO RLE (``counts`` bytes or the JSON string of
+    :func:`coco_rle`). pycocotools' decoder under NumPy 2 warns on every call (its ``__array__``
+    lacks the ``copy`` keyword): that warning is silenced here, no other."""
+    from pycocotools import mask as mask_utils
+
+    if isinstance(rle.get("counts"), str):
+        rle = {**rle, "counts": rle["counts"].encode("ascii")}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
+        return mask_utils.decode(rle).astype(bool)
+
+
 # Label Studio's brush format packs (flag, size index, run length - 1, value) fields; a run
 # of equal values gets one field with the smallest of these length widths that holds it
 _LS_RUN_BITS = (3, 4, 8, 16)

@@ -276,15 +276,14 @@ def obj_color(obj_id: int) -> tuple[int, int, int]:
 def draw_objects(frame: np.ndarray, entries: dict[int, _Entry], alpha: float = 0.5) -> np.ndarray:
     """H x W x 3 uint8 RGB frame with each object's mask blended in its colour, outlined, and
     labelled ``<obj_id> <score>`` at the top-left of its box."""
-    from pycocotools import mask as mask_utils
+    from .io import decode_coco_rle
 
     out = frame.astype(np.float64)
     decoded = []
     for obj_id, (rle, box, _, score) in entries.items():
         if box is None:  # empty mask: nothing to draw
             continue
-        m = mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode("ascii")})
-        m = m.astype(bool)
+        m = decode_coco_rle(rle)
         color = np.array(obj_color(obj_id), np.float64)
         out[m] = (1 - alpha) * out[m] + alpha * color
         decoded.append((obj_id, m, box, score))

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..predict.io import coco_rle
+from ..predict.io import coco_rle, decode_coco_rle
 from ..predict.video import VideoError, open_video
 from .service import JobCancelled, JobQueue, ModelService
 from .sessions import SessionStore
@@ -207,10 +207,7 @@ class ObjectResult:
         return len(self.rle["counts"]) + 160  # the string and the record around it
 
     def mask(self) -> np.ndarray:
-        from pycocotools import mask as mask_utils
-
-        rle = {"size": self.rle["size"], "counts": self.rle["counts"].encode("ascii")}
-        return mask_utils.decode(rle).astype(bool)
+        return decode_coco_rle(self.rle)
 
     def to_json(self, width: int, height: int) -> dict:
         x, y, w, h = self.box

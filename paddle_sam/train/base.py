@@ -83,10 +83,12 @@ class TrainerBase:
         overwrite: bool = False,
         progress: bool = True,
         config_text: str | None = None,
+        recipe: str | None = None,
     ) -> None:
         import paddle.distributed as dist
 
         self.cfg = cfg
+        self.recipe = recipe  # the config file the run came from, for the model's sidecar
         self.world = dist.get_world_size()
         if self.world > 1:
             dist.init_parallel_env()
@@ -179,6 +181,11 @@ class TrainerBase:
 
     def postfix(self, stats: dict) -> dict[str, str]:
         return {"loss": f"{stats['loss']:.3f}"}
+
+    def training_meta(self, metrics: dict) -> dict:
+        """The sidecar's ``training`` record: the recipe, steps, processes and metrics."""
+        recipe = {"recipe": f"{self.recipe} ({self.step} steps)"} if self.recipe else {}
+        return {**recipe, "steps": self.step, "world_size": self.world, **metrics}
 
     def plot(self, rows: list[dict]) -> None:
         """Draw ``curves.png`` from the metrics rows (default: the loss)."""

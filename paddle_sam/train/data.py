@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..predict.io import IMAGE_SUFFIXES
+from ..predict.io import IMAGE_SUFFIXES, decode_coco_rle
 from .synthetic import synthetic_scene
 
 FORMATS = ("coco", "sa1b", "folder", "synthetic")
@@ -121,7 +121,7 @@ def _decode_segmentation(seg, h: int, w: int, where: str, skips: SkipLog) -> np.
     else:
         skips.add("empty annotation", where)
         return None
-    mask = mask_utils.decode(rle).astype(bool)
+    mask = decode_coco_rle(rle)
     if not mask.any():
         skips.add("empty annotation", where)
         return None

@@ -3,7 +3,9 @@
 ``python -m paddle_sam.train.example write`` regenerates ``paddle_sam/assets/example.png``
 (640 x 480, fixed seed) and ``example_instances.png`` (0 background, i + 1 = object i);
 ``python -m paddle_sam.train.example iou MASK.png --point X,Y`` prints the IoU of a mask with
-the object under the point. Needs only numpy and Pillow.
+the object under the point; ``python -m paddle_sam.train.example concept DIR --text star``
+checks that the masks of ``paddle-sam segment --text`` (``DIR/masks/*.png``) find every
+instance of a shape noun of the concept vocabulary. Needs only numpy and Pillow.
 """
 
 from __future__ import annotations
@@ -67,6 +69,30 @@ def mask_iou_at(
     return float((mask & gt).sum() / (mask | gt).sum()), obj
 
 
+def concept_check(
+    segment_dir: str | Path, text: str, min_iou: float = 0.8, folder: Path = ASSETS
+) -> dict:
+    """The instances of the example image that ``text`` (a bare shape noun of the concept
+    vocabulary: "star", "circle", ...) names, against the masks ``paddle-sam segment --text``
+    wrote into ``segment_dir/masks/``: :func:`~.sam3.evaluate.instance_recall` at
+    ``min_iou``."""
+    from .sam3.evaluate import instance_recall
+    from .synthetic import CONCEPT_SHAPES
+
+    if text not in CONCEPT_SHAPES:
+        raise ValueError(f"--text {text!r}: choose a shape noun of {sorted(CONCEPT_SHAPES)}")
+    ids = np.asarray(Image.open(folder / "example_instances.png"))
+    objects = json.loads((folder / "example.json").read_text())["objects"]
+    gt = [ids == o["id"] for o in objects if o["kind"] == CONCEPT_SHAPES[text]]
+    if not gt:
+        raise ValueError(f"the example image holds no {text!r}")
+    files = sorted((Path(segment_dir) / "masks").glob("*.png"))
+    pred = [np.asarray(Image.open(f).convert("L")) > 127 for f in files]
+    if any(m.shape != ids.shape for m in pred):
+        raise ValueError(f"the masks in {segment_dir}/masks are not {ids.shape[::-1]} (w, h)")
+    return instance_recall(np.asarray(pred).reshape(-1, *ids.shape), np.asarray(gt), min_iou)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m paddle_sam.train.example")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -77,7 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("mask")
     c.add_argument("--point", default=",".join(map(str, DEMO_POINT)))
     c.add_argument("--min", type=float, default=None, help="exit 1 if the IoU is below this")
+    k = sub.add_parser("concept", help="did segment --text find every instance of a shape?")
+    k.add_argument("segment_dir", help="the output folder of paddle-sam segment --text")
+    k.add_argument("--text", required=True, help="a shape noun: star, circle, ring, ...")
+    k.add_argument("--min-iou", type=float, default=0.8)
     args = p.parse_args(argv)
+    if args.cmd == "concept":
+        r = concept_check(args.segment_dir, args.text, args.min_iou)
+        print(
+            f"{args.text!r}: {r['found']} of {r['instances']} instance(s) found with IoU >= "
+            f"{args.min_iou:g} (IoU per instance: {r['ious']})"
+        )
+        return 0 if r["found"] == r["instances"] else 1
     if args.cmd == "write":
         for path in write_assets(Path(args.folder), args.overwrite):
             print(path)

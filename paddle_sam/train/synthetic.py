@@ -432,18 +432,17 @@ def concept_scene(
     min_area: int = 150,
 ) -> ConceptScene:
     """Concept scene ``index`` of ``seed`` (a pure function of both): ``num_instances``
-    shapes of :data:`CONCEPT_SHAPES` in flat colours of :data:`CONCEPT_COLOURS` (slightly
-    shaded) on a grey, low-saturation background. Shapes whose visible part would be under
-    ``min_area`` px are left out before painting, so every drawn shape is annotated and every
-    mask is exactly what shows."""
+    shapes of :data:`CONCEPT_SHAPES` in flat colours near those of :data:`CONCEPT_COLOURS`
+    (shifted a little per instance, slightly shaded) on a tinted grey gradient. Shapes whose
+    visible part would be under ``min_area`` px are left out before painting, so every drawn
+    shape is annotated and every mask is exactly what shows."""
     rng = np.random.default_rng([int(seed), int(index), _CONCEPT_STREAM])
     w, h = scene_size(rng, sizes)
-    yy = np.mgrid[0:h, 0:w][0].astype(np.float32)
-    top, bottom = rng.uniform(90, 200, 2)
-    grey = top + (bottom - top) * yy / max(h - 1, 1)
-    tint = rng.uniform(-8, 8, 3).astype(np.float32)
+    t = (np.mgrid[0:h, 0:w][0].astype(np.float32) / max(h - 1, 1))[..., None]
+    # a vertical gradient between two greys, each tinted (up to 30 levels per channel)
+    top, bottom = rng.uniform(90, 220, (2, 1)) + rng.uniform(-30, 30, (2, 3))
     noise = (_smooth_noise(rng, h, w, int(rng.integers(4, 12))) - 0.5) * 40
-    canvas = (grey + noise)[..., None] + tint
+    canvas = top * (1 - t) + bottom * t + noise[..., None]
     nouns, colours, shapes = list(CONCEPT_SHAPES), list(CONCEPT_COLOURS), []
     for _ in range(int(rng.integers(num_instances[0], num_instances[1] + 1))):
         noun, colour = (
@@ -461,10 +460,10 @@ def concept_scene(
             break
         del shapes[small[0]]
     for _, colour, m in shapes:
+        # the named colour, shifted up to 25 levels per channel and slightly shaded
+        rgb = np.array(CONCEPT_COLOURS[colour], np.float32) + rng.uniform(-25, 25, 3)
         shade = 1 + (_smooth_noise(rng, h, w, 8)[..., None] - 0.5) * 0.15
-        canvas = np.where(
-            m[..., None], np.array(CONCEPT_COLOURS[colour], np.float32) * shade, canvas
-        )
+        canvas = np.where(m[..., None], rgb * shade, canvas)
     canvas = canvas + rng.normal(0, 2.0, canvas.shape)
     full = [m for _, _, m in shapes]
     return ConceptScene(

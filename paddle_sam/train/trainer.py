@@ -302,7 +302,7 @@ class Trainer(TrainerBase):
             self.cfg.run.model_name or self.cfg.model.type,
             self.spec,
             {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
-            training={"steps": self.step, "world_size": self.world, **metrics},
+            training=self.training_meta(metrics),
         )
         save_pdparams(state, dst, meta)
         return dst

@@ -412,3 +412,36 @@ def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
         union, _, _ = api_union(server.url, sid, {"text": "a red disc", "box": box})
         np.testing.assert_array_equal(overlay_mask(page)[0], union)
     assert errors == []
+
+
+def test_bundled_sam3_text_box_finds_the_star(browser_page):
+    """The page with the bundled small SAM 3 (what `paddle-sam serve --model-type sam3` serves
+    without a checkpoint), everything local: "star" typed on the example image shows the star,
+    IoU >= 0.8 with its ground truth, and nothing else."""
+    from paddle_sam.build.sam3 import DEFAULT_SAM3_MODEL, load_sam3_predictor
+    from paddle_sam.train.example import EXAMPLE, concept_check
+
+    if not DEFAULT_SAM3_MODEL.is_file():
+        pytest.skip("the default SAM 3 is not built (make train-sam3-default)")
+    page, errors = browser_page
+    app = create_app(load_sam3_predictor(DEFAULT_SAM3_MODEL), token=TOKEN)
+    with ThreadedServer(app) as server:
+        open_page(page, server, "model sam3")
+        page.set_input_files("#file-input", str(EXAMPLE))
+        page.wait_for_function(
+            "document.getElementById('status').textContent.startsWith('Ready')", timeout=60_000
+        )
+        page.fill("#text-input", "star")
+        page.press("#text-input", "Enter")
+        wait_version(page, 1)
+        shown, _ = overlay_mask(page)
+    assert errors == []
+    out = ARTIFACTS / "e2e_browser_sam3_default"
+    (out / "masks").mkdir(parents=True, exist_ok=True)
+    for old in (out / "masks").glob("*.png"):
+        old.unlink()
+    from paddle_sam.predict.io import save_mask_png
+
+    save_mask_png(shown, out / "masks" / "0.png")
+    r = concept_check(out, "star")
+    assert r["found"] == r["instances"] == 1, r

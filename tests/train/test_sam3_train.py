@@ -75,6 +75,7 @@ def test_train_run_and_eval(tmp_path, capsys):
     assert 0.0 <= ev["mask_AP50"] <= 1.0 and "per_concept" in ev
     meta = json.loads((run / "model.pdparams.json").read_text())
     assert meta["format"] == "paddle-sam/sam3" and meta["training"]["steps"] == 4
+    assert meta["training"]["recipe"] == f"{path} (4 steps)"
 
     from paddle_sam.build.sam3 import build_sam3_image_model, load_sam3_predictor
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
@@ -327,6 +328,12 @@ def test_evaluate_concepts_ap(tmp_path):
         (lambda c: c["optim"].update(decay="step"), "optim.decay"),
         (lambda c: c["data"]["train"].update(format="voc"), "data.train.format"),
         (lambda c: c["train"].update(stepz=1), "unknown key train.stepz"),
+        (
+            lambda c: c["model"].update(
+                spec={}, checkpoint=str(ROOT / "paddle_sam/assets/example.png"), box_prior_init=True
+            ),
+            "model.box_prior_init",
+        ),
     ],
 )
 def test_config_errors(tmp_path, change, error):
@@ -334,3 +341,34 @@ def test_config_errors(tmp_path, change, error):
     change(cfg)
     with pytest.raises(ConfigError, match=error.replace(".", r"\.")):
         load_config(write_yaml(tmp_path / "c.yaml", cfg))
+
+
+def test_box_prior_init():
+    """Reference boxes on a grid, and a decoder attention bias that is 0 inside each query's
+    reference box and negative outside it, falling with the distance, for every head."""
+    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.train.sam3.init import box_prior_init, grid_boxes
+
+    model = build_sam3_image_model(spec=tiny_sam3_spec())
+    box_prior_init(model)
+    dec = model.transformer.decoder
+    q = dec.reference_points.weight.shape[0]
+    ref = dec.reference_points.weight.sigmoid()
+    np.testing.assert_allclose(ref.numpy(), grid_boxes(q), atol=1e-6)
+    assert len({tuple(b) for b in grid_boxes(q)[:, :2].round(4)}) == q  # distinct centres
+    h = w = 12
+    bias = dec._get_rpb_matrix(ref.unsqueeze(1), h, w).numpy()[0]  # heads x Q x HW
+    ys, xs = np.mgrid[0:h, 0:w]
+    for k, (cx, cy, bw, bh) in enumerate(grid_boxes(q)):
+        inside = (
+            (xs / w >= cx - bw / 2)
+            & (xs / w <= cx + bw / 2)
+            & (ys / h >= cy - bh / 2)
+            & (ys / h <= cy + bh / 2)
+        ).ravel()
+        assert inside.any() and not inside.all()
+        np.testing.assert_allclose(bias[:, k, inside], 0.0, atol=1e-6)
+        assert (bias[:, k, ~inside] < 0.0).all()
+        far = np.hypot(xs / w - cx, ys / h - cy).ravel()
+        out = ~inside
+        assert bias[0, k, out][far[out].argmax()] == bias[0, k, out].min()

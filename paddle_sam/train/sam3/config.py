@@ -43,6 +43,10 @@ class Sam3ModelConfig:
     lora_alpha: float = 16.0
     lora_targets: list[str] | None = None  # name patterns (default: attention and MLP layers)
     dropout: bool = True  # upstream trains with dropout 0.1; false: deterministic steps
+    # from scratch only: reference boxes on a grid and a decoder attention bias that keeps
+    # each query inside its reference box (train/sam3/init.py); random ones leave every query
+    # looking at the whole image and the box and mask losses on a plateau
+    box_prior_init: bool = False
 
 
 @dataclass
@@ -128,6 +132,8 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
     for part in cfg.model.freeze:
         if part not in FREEZABLE:
             bad("model.freeze", part, f"choose from {', '.join(FREEZABLE)}")
+    if cfg.model.box_prior_init and cfg.model.checkpoint is not None:
+        bad("model.box_prior_init", True, "initialises a model trained from scratch only")
     if cfg.model.lora_rank < 0:
         bad("model.lora_rank", cfg.model.lora_rank, "must be >= 0 (0: no LoRA)")
     for name in ("train", "val"):

@@ -60,6 +60,7 @@ from PIL import Image
 
 from ...models.sam3.geometry_encoders import Prompt
 from ...models.sam3.sam3_image import FindStage
+from ...predict.io import decode_coco_rle
 from ..data import SkipLog, _decode_segmentation, _read_rgb
 from .sam3_loss import make_find_targets
 
@@ -603,8 +604,6 @@ class ConceptDataset:
         raise RuntimeError(f"no readable image in {self.ann_path} ({self.skips.summary()})")
 
     def _sample(self, image_index: int, slot: int) -> ConceptSample:
-        from pycocotools import mask as mask_utils
-
         rec = self.records[image_index]
         cat = self.query_categories(image_index)[slot]
         image, (h, w) = self._image(image_index)
@@ -624,7 +623,7 @@ class ConceptDataset:
                     valid[t] = False
                 else:
                     masks[t, top : top + side, left : left + side] = _resize_mask(
-                        mask_utils.decode(rle), side
+                        decode_coco_rle(rle), side
                     )
         text = self.categories[cat]
         exemplars = np.zeros((0, 4), np.float32)

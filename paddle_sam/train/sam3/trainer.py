@@ -33,6 +33,7 @@ from ..base import TrainerBase
 from ..data import SkipLog
 from .config import Sam3Config
 from .data import ConceptDataset, collate_concepts
+from .init import box_prior_init
 from .lora import DEFAULT_LORA_TARGETS, apply_lora, merge_lora
 from .sam3_loss import build_roboflow_v100_loss
 from .step import MODEL_PARTS, disable_dropout, freeze, step_loss
@@ -100,6 +101,8 @@ class Sam3Trainer(TrainerBase):
         model = build_sam3_image_model(
             bpe_path=cfg.model.bpe, checkpoint_path=cfg.model.checkpoint, spec=self.spec
         )
+        if cfg.model.box_prior_init:
+            box_prior_init(model)
         if cfg.model.freeze:
             freeze(model, *cfg.model.freeze)
         if cfg.model.lora_rank:
@@ -240,7 +243,7 @@ class Sam3Trainer(TrainerBase):
             self.spec,
             {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
             interactive=False,
-            training={"steps": self.step, "world_size": self.world, **summary},
+            training=self.training_meta(summary),
         )
         save_pdparams(state, dst, meta)
         return dst
