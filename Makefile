@@ -48,11 +48,11 @@ train-default: $(VENV)/.installed-train
 
 # the default SAM 3's recipe: one run from scratch, about 2 hours on this 2-core CPU; writes
 # runs/sam3_tiny_concepts/ (model.pdparams with its sidecar, metrics.csv, curves.png) and the
-# held-out evaluation the bundled model is judged by (runs/sam3_tiny_concepts/eval.json)
+# held-out evaluation the bundled model is judged by (runs/sam3_tiny_concepts/heldout_eval.json)
 train-sam3-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts.yaml
 	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts/model.pdparams \
-		--format concepts --seed 1000 --num-images 30 --json runs/sam3_tiny_concepts/eval.json \
+		--format concepts --seed 1000 --num-images 30 --json runs/sam3_tiny_concepts/heldout_eval.json \
 		--overwrite
 
 test: $(VENV)/.installed-test chromium onnxruntime-web label-studio
