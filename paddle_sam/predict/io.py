@@ -164,6 +164,14 @@ def coco_rle(mask: np.ndarray) -> dict:
     return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
+def coco_bbox(mask: np.ndarray) -> list[int]:
+    """Tight COCO ``[x, y, w, h]`` box of a non-empty ``H x W`` mask, in whole pixels (as
+    pycocotools' ``toBbox``)."""
+    ys = np.flatnonzero(mask.any(axis=1))
+    xs = np.flatnonzero(mask.any(axis=0))
+    return [int(xs[0]), int(ys[0]), int(xs[-1] - xs[0] + 1), int(ys[-1] - ys[0] + 1)]
+
+
 def decode_coco_rle(rle: dict) -> np.ndarray:
     """``H x W`` bool mask of a COCO RLE (``counts`` bytes or the JSON string of
     :func:`coco_rle`). pycocotools' decoder under NumPy 2 warns on every call (its ``__array__``

@@ -15,7 +15,7 @@ from types import TracebackType
 import cv2
 import numpy as np
 
-from .io import coco_rle, save_mask_png
+from .io import coco_bbox, coco_rle, save_mask_png
 
 #: frames per second of the overlay video when the source's rate is unknown
 DEFAULT_FPS = 10.0
@@ -148,7 +148,12 @@ class TrackWriter:
             if obj_id not in self._objects:
                 self._objects.append(obj_id)
             area = int(mask.sum())
-            entries[obj_id] = (coco_rle(mask), _bbox(mask) if area else None, area, float(score))
+            entries[obj_id] = (
+                coco_rle(mask),
+                coco_bbox(mask) if area else None,
+                area,
+                float(score),
+            )
             if self.write_pngs:
                 path = self.mask_path(obj_id, frame_idx)
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,13 +307,6 @@ def draw_objects(frame: np.ndarray, entries: dict[int, _Entry], alpha: float = 0
         for c, t in (((0, 0, 0), thick + 2), (color, thick)):  # dark edge, then the colour
             cv2.putText(img, text, org, cv2.FONT_HERSHEY_SIMPLEX, scale, c, t, cv2.LINE_AA)
     return img
-
-
-def _bbox(mask: np.ndarray) -> list[int]:
-    """Tight ``[x, y, w, h]`` box of a non-empty mask (as pycocotools' ``toBbox``)."""
-    ys = np.flatnonzero(mask.any(axis=1))
-    xs = np.flatnonzero(mask.any(axis=0))
-    return [int(xs[0]), int(ys[0]), int(xs[-1] - xs[0] + 1), int(ys[-1] - ys[0] + 1)]
 
 
 def _as_rgb(image: np.ndarray, i: int, h: int, w: int) -> np.ndarray:

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..predict.io import coco_bbox, coco_rle
+
 SHAPES = (
     "disc",
     "ellipse",
@@ -217,28 +219,15 @@ def instance_map(masks: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _rle(mask: np.ndarray) -> dict:
-    from pycocotools import mask as mask_utils
-
-    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
-
-
-def _bbox(mask: np.ndarray) -> list[int]:
-    ys, xs = np.nonzero(mask)
-    x0, y0 = int(xs.min()), int(ys.min())
-    return [x0, y0, int(xs.max()) - x0 + 1, int(ys.max()) - y0 + 1]
-
-
 def _coco_annotation(ann_id: int, image_id: int, category_id: int, mask: np.ndarray) -> dict:
     """One COCO instance annotation of ``mask`` (RLE segmentation, pixel-extent bbox)."""
     return {
         "id": ann_id,
         "image_id": image_id,
         "category_id": category_id,
-        "segmentation": _rle(mask),
+        "segmentation": coco_rle(mask),
         "area": int(mask.sum()),
-        "bbox": _bbox(mask),
+        "bbox": coco_bbox(mask),
         "iscrowd": 0,
     }
 
@@ -282,8 +271,8 @@ def write_dataset(
                 anns.append(
                     {
                         "id": j,
-                        "segmentation": _rle(m),
-                        "bbox": _bbox(m),
+                        "segmentation": coco_rle(m),
+                        "bbox": coco_bbox(m),
                         "area": int(m.sum()),
                         "predicted_iou": 1.0,
                         "stability_score": 1.0,
