@@ -59,8 +59,8 @@ def weights(path: Path) -> dict[str, np.ndarray]:
 def test_train_run_and_eval(tmp_path, capsys):
     """A whole run: metrics and curves, a model the SAM 3 predictor loads (the released keys:
     frozen backbone and text encoder unchanged), held-out AP in eval.json; then one eval command
-    on held-out concept scenes."""
-    cfg = tiny_config(tmp_path)
+    on held-out concept scenes. With the semantic-map loss, logged as its own terms."""
+    cfg = tiny_config(tmp_path, loss={"semantic_seg": True})
     path = write_yaml(tmp_path / "a.yaml", cfg)
     assert main(["train", str(path), "--quiet"]) == 0
     run = tmp_path / "run"
@@ -68,7 +68,12 @@ def test_train_run_and_eval(tmp_path, capsys):
     assert all(np.isfinite(v) for v in losses_of(run).values())
     with open(run / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert float(rows[0]["queries"]) > float(rows[0]["targets"]) > 0  # positives and negatives
+    assert float(rows[0]["queries"]) > 0 and float(rows[0]["targets"]) > 0
+    from paddle_sam.train.sam3.data import ConceptDataset
+
+    ds = ConceptDataset(tmp_path / "train", resolution=112, train=False)
+    assert {len(ds[q].boxes) == 0 for q in range(len(ds))} == {True, False}  # some negatives
+    assert float(rows[0]["loss_semantic_dice"]) > 0
     assert rows[-1]["mask_AP50"] != ""
     assert (run / "curves.png").is_file()
     ev = json.loads((run / "eval.json").read_text())
@@ -333,6 +338,13 @@ def test_evaluate_concepts_ap(tmp_path):
                 spec={}, checkpoint=str(ROOT / "paddle_sam/assets/example.png"), box_prior_init=True
             ),
             "model.box_prior_init",
+        ),
+        (
+            lambda c: (
+                c.setdefault("loss", {}).update(semantic_seg=True),
+                c["data"].update(with_masks=False),
+            ),
+            "loss.semantic_seg",
         ),
     ],
 )

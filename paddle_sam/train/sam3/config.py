@@ -82,6 +82,9 @@ class Sam3LossConfig:
     # upstream multiplies the loss by sqrt(queries in the batch); false: N data-parallel
     # processes then give exactly the step of one process with their batches together
     scale_by_batch_size: bool = True
+    # the roboflow_v100 segmentation variant's semantic-map loss (SemanticSegCriterion, weights
+    # 20 / 30): dense supervision of where each query's concept is; needs data.with_masks
+    semantic_seg: bool = False
 
 
 @dataclass
@@ -134,6 +137,8 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
             bad("model.freeze", part, f"choose from {', '.join(FREEZABLE)}")
     if cfg.model.box_prior_init and cfg.model.checkpoint is not None:
         bad("model.box_prior_init", True, "initialises a model trained from scratch only")
+    if cfg.loss.semantic_seg and not cfg.data.with_masks:
+        bad("loss.semantic_seg", True, "needs masks (data.with_masks: true)")
     if cfg.model.lora_rank < 0:
         bad("model.lora_rank", cfg.model.lora_rank, "must be >= 0 (0: no LoRA)")
     for name in ("train", "val"):

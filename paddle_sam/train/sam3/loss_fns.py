@@ -39,10 +39,13 @@ __all__ = [
     "IABCEMdetr",
     "LossWithWeights",
     "Masks",
+    "SemanticSegCriterion",
     "calculate_uncertainty",
     "dice_loss",
     "get_uncertain_point_coords_with_randomness",
+    "instance_masks_to_semantic_masks",
     "point_sample",
+    "segment_miou",
     "sigmoid_focal_loss",
 ]
 
@@ -653,3 +656,140 @@ class Masks(LossWithWeights):
             ),
             "loss_dice": dice_loss(src_masks, target_masks, num_boxes),
         }
+
+
+# ------------------------------------------------------------------------- semantic segmentation
+
+
+def instance_masks_to_semantic_masks(
+    instance_masks: paddle.Tensor, num_instances: paddle.Tensor
+) -> paddle.Tensor:
+    """Packed instance masks ``N x H x W`` (``num_instances[b]`` of them for batch element b)
+    -> ``B x H x W``: each element's union (all False for an element without instances). A
+    batch without any instance gives upstream's ``B x 1 x 1`` zeros."""
+    counts = num_instances.astype("int64")
+    if int(counts.sum()) == 0:
+        return counts.unsqueeze(-1).unsqueeze(-1)
+    owner = paddle.repeat_interleave(paddle.arange(len(counts)), counts)  # N
+    onehot = F.one_hot(owner, len(counts)).T.astype("float32")  # B x N
+    union = onehot @ instance_masks.astype("float32").flatten(1)
+    return (union > 0).reshape([len(counts), *instance_masks.shape[1:]])
+
+
+def segment_miou(source: paddle.Tensor, target: paddle.Tensor) -> paddle.Tensor:
+    """Mean IoU of boolean ``B x H x W`` masks over the elements whose target is not empty
+    (1 when none is)."""
+    if source.shape != target.shape or source.ndim != 3:
+        raise ValueError(f"two B x H x W masks needed, got {source.shape} and {target.shape}")
+    source, target = source.astype("bool"), target.astype("bool")
+    valid = (target.astype("int64").sum(axis=[1, 2]) > 0).astype("int64").sum()
+    if int(valid) == 0:
+        return paddle.to_tensor(1.0)
+    inter = (source & target).astype("int64").sum(axis=[1, 2]).astype("float32")
+    union = (source | target).astype("int64").sum(axis=[1, 2]).astype("float32")
+    return (inter / (union + 1e-8)).sum() / valid.astype("float32")
+
+
+class SemanticSegCriterion(LossWithWeights):
+    """Loss of the segmentation head's semantic map (``semantic_seg``, ``B x 1 x h x w``)
+    against each query's union of target masks (or ``targets["semantic_masks"]``): focal or
+    BCE, and dice. ``downsample`` resizes the targets to the map, else the map is upsampled to
+    the targets. ``presence_head``: per-query losses averaged over the queries whose concept is
+    present only, with a presence BCE on ``presence_logit`` when ``presence_loss`` (else 0).
+    Terms: ``loss_semantic_seg``, ``loss_semantic_dice``, ``miou_semantic_seg`` and, with the
+    presence head, ``loss_semantic_presence`` and ``presence_acc``."""
+
+    def __init__(
+        self,
+        weight_dict,
+        focal: bool = False,
+        focal_alpha: float = 0.6,
+        focal_gamma: float = 1.6,
+        downsample: bool = True,
+        presence_head: bool = False,
+        presence_loss: bool = True,
+    ):
+        super().__init__(weight_dict, False)
+        self.focal = focal
+        self.focal_alpha = focal_alpha
+        self.focal_gamma = focal_gamma
+        self.downsample = downsample
+        self.presence_head = presence_head
+        self.presence_loss = presence_loss
+
+    @staticmethod
+    def _resize(masks: paddle.Tensor, size) -> paddle.Tensor:
+        return F.interpolate(
+            masks.astype("float32").unsqueeze(1), size=list(size), mode="bilinear"
+        ).squeeze(1)
+
+    def get_loss(self, out_dict, targets):
+        outputs = out_dict["semantic_seg"]
+        presence_logit = out_dict.get("presence_logit")
+        semantic = targets.get("semantic_masks")
+        with paddle.no_grad():
+            if semantic is not None and semantic.shape[0] > 0:
+                if self.downsample:
+                    semantic = self._resize(semantic, outputs.shape[-2:]).astype("bool")
+            else:
+                segments = targets["masks"]
+                if self.downsample:
+                    segments = self._resize(segments, outputs.shape[-2:]).astype("bool")
+                else:
+                    segments = segments.astype("bool")
+                semantic = instance_masks_to_semantic_masks(segments, targets["num_boxes"])
+                if self.downsample and semantic.shape[-2:] != outputs.shape[-2:]:
+                    # no instance in the batch: all-background maps of the map's size (upstream
+                    # fails here, comparing its 1 x 1 placeholder with the map)
+                    semantic = paddle.zeros([semantic.shape[0], *outputs.shape[-2:]], "bool")
+        if not self.downsample:
+            outputs = F.interpolate(
+                outputs.astype("float32"),
+                size=list(semantic.shape[-2:]),
+                mode="bilinear",
+                align_corners=False,
+            )
+        logits = outputs.squeeze(1)
+        target = semantic.astype("float32")
+        if self.focal:
+            loss = sigmoid_focal_loss(
+                logits.flatten(-2),
+                target.flatten(-2),
+                num_boxes=len(target),
+                alpha=self.focal_alpha,
+                gamma=self.focal_gamma,
+                reduce=not self.presence_head,
+            )
+            if self.presence_head:
+                loss = loss.mean(1)
+        else:
+            loss = F.binary_cross_entropy_with_logits(
+                logits, target, reduction="none" if self.presence_head else "mean"
+            )
+            if self.presence_head:
+                loss = loss.flatten(1).mean(1)
+        loss_dice = dice_loss(
+            logits.flatten(1), target.flatten(1), len(target), reduce=not self.presence_head
+        )
+        with paddle.no_grad():
+            miou = segment_miou(F.sigmoid(logits) > 0.5, semantic.astype("bool"))
+        out = {}
+        if self.presence_head:
+            present = (target.flatten(1) > 0).any(-1)
+            if self.presence_loss:
+                flat = presence_logit.flatten()
+                out["loss_semantic_presence"] = F.binary_cross_entropy_with_logits(
+                    flat, present.astype(flat.dtype)
+                )
+                out["presence_acc"] = ((F.sigmoid(flat) > 0.5) == present).astype("float32").mean()
+            else:
+                out["loss_semantic_presence"] = _zero(loss)
+                out["presence_acc"] = _zero(loss)
+            weight = present.astype(loss.dtype)
+            n_valid = float(weight.sum())
+            loss = (loss * weight).sum() / (n_valid + 1e-6)
+            loss_dice = (loss_dice * weight).sum() / (n_valid + 1e-6)
+        out.update(
+            {"loss_semantic_seg": loss, "loss_semantic_dice": loss_dice, "miou_semantic_seg": miou}
+        )
+        return out

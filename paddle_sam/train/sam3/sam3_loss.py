@@ -12,12 +12,13 @@ import paddle
 from paddle import nn
 
 from ...models.sam3.box_ops import box_cxcywh_to_xyxy
-from .loss_fns import CORE_LOSS_KEY, Boxes, IABCEMdetr, Masks
+from .loss_fns import CORE_LOSS_KEY, Boxes, IABCEMdetr, Masks, SemanticSegCriterion
 from .matcher import BinaryHungarianMatcherV2, BinaryOneToManyMatcher
 
 __all__ = [
     "ROBOFLOW_V100_LOSS_WEIGHTS",
     "ROBOFLOW_V100_MASK_LOSS_WEIGHTS",
+    "ROBOFLOW_V100_SEMANTIC_LOSS_WEIGHTS",
     "DummyLoss",
     "Sam3LossWrapper",
     "build_roboflow_v100_loss",
@@ -37,6 +38,13 @@ ROBOFLOW_V100_LOSS_WEIGHTS = {
 # the Masks terms of the configs' segmentation variant (commented out there: "in case of
 # segmentation")
 ROBOFLOW_V100_MASK_LOSS_WEIGHTS = {"loss_mask": 200.0, "loss_dice": 10.0}
+# and its SemanticSegCriterion (the semantic map: focal alpha 0.6, gamma 2, on the queries whose
+# concept is present, map upsampled to the targets, no presence term)
+ROBOFLOW_V100_SEMANTIC_LOSS_WEIGHTS = {
+    "loss_semantic_seg": 20.0,
+    "loss_semantic_presence": 1.0,
+    "loss_semantic_dice": 30.0,
+}
 
 
 def roboflow_v100_loss_weights(with_masks: bool = False) -> dict[str, float]:
@@ -324,6 +332,7 @@ def build_roboflow_v100_loss(
     normalization: str = "global",
     o2m_weight: float = 2.0,
     scale_by_find_batch_size: bool = True,
+    semantic_seg: bool = False,
 ) -> Sam3LossWrapper:
     """The criterion of upstream's roboflow_v100 fine-tuning config: the focal Hungarian matcher
     (cost_class 2, cost_bbox 5, cost_giou 2, alpha 0.25, gamma 2) and the one-to-many matcher
@@ -335,7 +344,9 @@ def build_roboflow_v100_loss(
     :data:`ROBOFLOW_V100_MASK_LOSS_WEIGHTS`. Its ``matcher`` fills ``out["indices"]``
     (:func:`compute_matching`). ``o2m_weight`` and ``scale_by_find_batch_size`` are the
     config's (2.0, True); without the scaling, data-parallel processes average to exactly the
-    loss of one process with their batches together."""
+    loss of one process with their batches together. ``semantic_seg`` adds the segmentation
+    variant's ``SemanticSegCriterion`` on the semantic map with
+    :data:`ROBOFLOW_V100_SEMANTIC_LOSS_WEIGHTS`."""
     w = roboflow_v100_loss_weights(with_masks)
     loss_fns = [
         Boxes(weight_dict={"loss_bbox": w["loss_bbox"], "loss_giou": w["loss_giou"]}),
@@ -375,5 +386,16 @@ def build_roboflow_v100_loss(
         o2m_matcher=BinaryOneToManyMatcher(alpha=0.3, threshold=0.4, topk=4),
         o2m_weight=o2m_weight,
         use_o2m_matcher_on_o2m_aux=False,
+        loss_fn_semantic_seg=SemanticSegCriterion(
+            weight_dict=dict(ROBOFLOW_V100_SEMANTIC_LOSS_WEIGHTS),
+            presence_head=True,
+            presence_loss=False,
+            focal=True,
+            focal_alpha=0.6,
+            focal_gamma=2.0,
+            downsample=False,
+        )
+        if semantic_seg
+        else None,
         scale_by_find_batch_size=scale_by_find_batch_size,
     )

@@ -83,6 +83,8 @@ class Sam3Trainer(TrainerBase):
         "loss_giou",
         "loss_mask",
         "loss_dice",
+        "loss_semantic_seg",
+        "loss_semantic_dice",
         "queries",
         "targets",
         "grad_norm",
@@ -115,6 +117,7 @@ class Sam3Trainer(TrainerBase):
             with_masks=cfg.data.with_masks,
             o2m_weight=cfg.loss.o2m_weight,
             scale_by_find_batch_size=cfg.loss.scale_by_batch_size,
+            semantic_seg=cfg.loss.semantic_seg,
         )
         return model
 
