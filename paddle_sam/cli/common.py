@@ -63,6 +63,12 @@ def sam3_checkpoint(args: argparse.Namespace) -> str | Path:
 
     if args.checkpoint is not None:
         return args.checkpoint
+    if not DEFAULT_SAM3_MODEL.is_file():
+        raise ValueError(
+            f"no --checkpoint given, and this install has no default SAM 3 "
+            f"({DEFAULT_SAM3_MODEL.name}: make train-sam3-default trains it); convert the "
+            "official sam3.pt with 'paddle-sam convert' and pass --checkpoint FILE"
+        )
     print(
         f"note: no --checkpoint given, using the default SAM 3 ({DEFAULT_SAM3_MODEL.name}, "
         "a small SAM 3 trained on synthetic concept scenes only: it knows their 30 phrases, "

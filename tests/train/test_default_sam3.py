@@ -81,3 +81,20 @@ def test_concept_check_needs_every_instance(tmp_path):
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(tmp_path / "masks" / "0.png")
     with pytest.raises(ValueError, match="are not"):
         concept_check(tmp_path, "star")
+
+
+def test_commands_without_a_default_sam3(monkeypatch, tmp_path, capsys):
+    """An install without the bundled SAM 3: --text without --checkpoint is a one-line error
+    that says how to get one, for every command that takes SAM 3."""
+    import paddle_sam.build.sam3 as build
+
+    monkeypatch.setattr(build, "DEFAULT_SAM3_MODEL", tmp_path / "missing.pdparams")
+    commands = [
+        ["segment", str(EXAMPLE), "--text", "star", "-o", str(tmp_path / "seg")],
+        ["eval", "--model-type", "sam3", "--format", "concepts", "--num-images", "1"],
+        ["export", "--model-type", "sam3", "-o", str(tmp_path / "exp")],
+    ]
+    for argv in commands:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "no default SAM 3" in err and "missing.pdparams" in err, (argv, err)
