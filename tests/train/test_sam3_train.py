@@ -59,8 +59,9 @@ def weights(path: Path) -> dict[str, np.ndarray]:
 def test_train_run_and_eval(tmp_path, capsys):
     """A whole run: metrics and curves, a model the SAM 3 predictor loads (the released keys:
     frozen backbone and text encoder unchanged), held-out AP in eval.json; then one eval command
-    on held-out concept scenes. With the semantic-map loss, logged as its own terms."""
-    cfg = tiny_config(tmp_path, loss={"semantic_seg": True})
+    on held-out concept scenes. With the semantic-map loss (logged as its own terms) and half
+    the positive queries turned into exemplar-box prompts."""
+    cfg = tiny_config(tmp_path, loss={"semantic_seg": True}, data={"exemplar_prob": 0.5})
     path = write_yaml(tmp_path / "a.yaml", cfg)
     assert main(["train", str(path), "--quiet"]) == 0
     run = tmp_path / "run"
@@ -333,6 +334,7 @@ def test_evaluate_concepts_ap(tmp_path):
         (lambda c: c["optim"].update(decay="step"), "optim.decay"),
         (lambda c: c["data"]["train"].update(format="voc"), "data.train.format"),
         (lambda c: c["train"].update(stepz=1), "unknown key train.stepz"),
+        (lambda c: c["data"].update(exemplar_prob=1.5), "data.exemplar_prob"),
         (
             lambda c: c["model"].update(
                 spec={}, checkpoint=str(ROOT / "paddle_sam/assets/example.png"), box_prior_init=True

@@ -55,6 +55,10 @@ class Sam3DataConfig:
     val: Sam3DataSpec | None = None
     min_size: int | None = None  # random resize's smallest side (default: min(480, R / 2))
     max_negatives: int | None = None  # negative phrases per image (None: every absent one)
+    # upstream's TextQueryToVisual: this share of positive queries get one target's (jittered)
+    # box as an exemplar prompt instead of their text (training only; the roboflow configs: 0)
+    exemplar_prob: float = 0.0
+    exemplar_keeps_text: bool = False  # the exemplar joins the text instead of replacing it
     with_masks: bool = True  # mask losses (False: boxes only, for detection datasets)
     eval_images: int = 50
 
@@ -162,6 +166,8 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
         "optim.lr": cfg.optim.lr,
     }
     check_positive(positive, bad)
+    if not 0 <= cfg.data.exemplar_prob <= 1:
+        bad("data.exemplar_prob", cfg.data.exemplar_prob, "must be in [0, 1]")
     if not 0 < cfg.optim.layer_decay <= 1:
         bad("optim.layer_decay", cfg.optim.layer_decay, "must be in (0, 1]")
     check_optim(cfg.optim, bad)

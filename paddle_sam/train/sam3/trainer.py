@@ -165,6 +165,8 @@ class Sam3Trainer(TrainerBase):
             min_size=min_size,
             with_masks=cfg.data.with_masks,
             max_negatives=cfg.data.max_negatives if train else None,
+            exemplar_prob=cfg.data.exemplar_prob if train else 0.0,
+            exemplar_keeps_text=cfg.data.exemplar_keeps_text,
             num_images=spec.num_images if spec.format == "coco" and spec.num_images else None,
             seed=cfg.train.seed,
             skips=self.skips,
