@@ -116,8 +116,13 @@ def sam3_spec(checkpoint: str | os.PathLike, enable_inst_interactivity: bool = T
     else the released ones; a SAM v1 file is refused."""
     checkpoint = Path(checkpoint)
     meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
-    if meta.get("model_type", "sam3") != "sam3":
-        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta['model_type']}), not SAM 3")
+    # the format names the family; a trained model's model_type is its run's name
+    if "format" in meta:
+        sam3 = meta["format"] == "paddle-sam/sam3"
+    else:
+        sam3 = meta.get("model_type", "sam3") == "sam3"
+    if not sam3:
+        raise ValueError(f"{checkpoint} is a SAM v1 model ({meta.get('model_type')}), not SAM 3")
     if "spec" not in meta:
         return SAM3_SPEC
     return checked_sidecar_spec(

@@ -186,10 +186,11 @@ def test_two_processes_equal_one_with_the_doubled_batch(tmp_path):
 
 
 def test_train_from_a_checkpoint(tmp_path):
-    """A run starting from an exported model: its sizes come from the sidecar and its weights
-    are the exported ones."""
+    """A run starting from an exported model (named by its run: the sidecar's model_type is
+    not "sam3"): its sizes come from the sidecar and its weights are the exported ones."""
     first = tiny_config(tmp_path / "a", data={"val": None})
     first["train"].update(steps=1, checkpoint_every=1)
+    first["run"]["model_name"] = "my_concepts"
     assert main(["train", str(write_yaml(tmp_path / "a.yaml", first)), "--quiet"]) == 0
     model = tmp_path / "a" / "run" / "model.pdparams"
     second = tiny_config(tmp_path / "b", data={"val": None})
