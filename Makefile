@@ -46,7 +46,8 @@ train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage2.yaml
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage3.yaml
 
-# the default SAM 3's recipe: one run from scratch, about 2 hours on this 2-core CPU; writes
+# the default SAM 3's recipe: one run from scratch, about 3 hours on a 2-core CPU (a stopped run
+# continues with: paddle-sam train configs/sam3_tiny_concepts.yaml --resume); writes
 # runs/sam3_tiny_concepts/ (model.pdparams with its sidecar, metrics.csv, curves.png) and the
 # held-out evaluation the bundled model is judged by (runs/sam3_tiny_concepts/heldout_eval.json)
 train-sam3-default: $(VENV)/.installed-train
