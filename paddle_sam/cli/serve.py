@@ -244,7 +244,7 @@ def _video_refusal(args: argparse.Namespace) -> str | None:
     if meta.get("interactive") is False:
         return (
             f"this server's SAM 3 checkpoint ({path.name}) has no tracker weights (converted "
-            "without them, or trained as an image model): the video mode needs the full "
+            "without the tracker, or trained as an image model): the video mode needs the full "
             "released sam3.pt converted"
         )
     return None
