@@ -18,7 +18,7 @@ from ..convert.checkpoint import (
     read_sam3_tracker_weights,
     read_sam3_weights,
 )
-from ..convert.core import declared_parameters, load_state_strict, read_sidecar
+from ..convert.core import declared_parameters, load_state_strict, read_sidecar, sidecar_family
 from ..models.sam3.build_sam3 import (
     SAM3_SPEC,
     Sam3Spec,
@@ -116,12 +116,7 @@ def sam3_spec(checkpoint: str | os.PathLike, enable_inst_interactivity: bool = T
     else the released ones; a SAM v1 file is refused."""
     checkpoint = Path(checkpoint)
     meta = (read_sidecar(checkpoint) if checkpoint.is_file() else None) or {}
-    # the format names the family; a trained model's model_type is its run's name
-    if "format" in meta:
-        sam3 = meta["format"] == "paddle-sam/sam3"
-    else:
-        sam3 = meta.get("model_type", "sam3") == "sam3"
-    if not sam3:
+    if sidecar_family(meta) == "sam_v1":
         raise ValueError(f"{checkpoint} is a SAM v1 model ({meta.get('model_type')}), not SAM 3")
     if "spec" not in meta:
         return SAM3_SPEC

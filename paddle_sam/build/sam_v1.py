@@ -16,6 +16,7 @@ from ..convert.core import (
     declared_parameters,
     load_state_strict,
     read_sidecar,
+    sidecar_family,
     sidecar_path,
 )
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
@@ -54,7 +55,7 @@ def load_sam(checkpoint: str | os.PathLike, model_type: str | None = None) -> Sa
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
     meta = read_sidecar(checkpoint)
-    if model_type == "sam3" or (meta or {}).get("model_type") == "sam3":
+    if model_type == "sam3" or sidecar_family(meta) == "sam3":
         raise ValueError(
             f"{checkpoint} is a SAM 3 model: load it with "
             "build_sam3_image_model(checkpoint_path=...)"

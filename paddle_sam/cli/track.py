@@ -104,7 +104,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _checkpoint(args: argparse.Namespace) -> tuple[Path, dict]:
-    from ..convert.core import read_sidecar
+    from ..convert.core import read_sidecar, sidecar_family
 
     if args.checkpoint is None:
         raise ValueError(
@@ -115,7 +115,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Path, dict]:
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
     meta = read_sidecar(checkpoint) or {}
-    if meta.get("model_type", "sam3") != "sam3":
+    if sidecar_family(meta) == "sam_v1":
         raise ValueError(f"{checkpoint} is a SAM v1 model; tracking needs a SAM 3 checkpoint")
     if meta.get("interactive") is False:
         raise ValueError(

@@ -35,6 +35,7 @@ from .core import (
     read_sidecar,
     save_pdparams,
     sha256_file,
+    sidecar_family,
     sidecar_meta,
     sidecar_path,
     sidecar_spec,
@@ -253,9 +254,9 @@ def detect_family(checkpoint: str | os.PathLike) -> str | None:
     path = Path(checkpoint)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    meta = read_sidecar(path)
-    if meta is not None and "model_type" in meta:
-        return "sam3" if meta["model_type"] == "sam3" else "sam_v1"
+    family = sidecar_family(read_sidecar(path))
+    if family is not None:
+        return family
     if path.suffix == PADDLE_SUFFIX:
         return None
     needle = sam3.DETECTOR_PREFIX + "backbone."

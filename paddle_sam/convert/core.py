@@ -409,6 +409,21 @@ def sidecar_spec(path: str | os.PathLike, meta: dict, spec_cls: type[SpecT]) -> 
         raise CheckpointFormatError(f"sidecar {side}: {exc}") from exc
 
 
+def sidecar_family(meta: dict | None) -> str | None:
+    """``"sam3"`` or ``"sam_v1"`` from a sidecar (:func:`sidecar_meta`'s ``format``; older
+    sidecars without it by their ``model_type``, which only SAM 3's converter set to
+    ``"sam3"``), or None without a sidecar. A trained model's ``model_type`` is its run's name,
+    so the format decides when there is one."""
+    if meta is None:
+        return None
+    fmt = meta.get("format")
+    if fmt is not None:
+        return "sam3" if fmt == "paddle-sam/sam3" else "sam_v1"
+    if "model_type" not in meta:
+        return None
+    return "sam3" if meta["model_type"] == "sam3" else "sam_v1"
+
+
 def sidecar_meta(
     family: str, model_type: str, spec: Any, source: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:

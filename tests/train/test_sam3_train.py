@@ -193,6 +193,12 @@ def test_train_from_a_checkpoint(tmp_path):
     first["run"]["model_name"] = "my_concepts"
     assert main(["train", str(write_yaml(tmp_path / "a.yaml", first)), "--quiet"]) == 0
     model = tmp_path / "a" / "run" / "model.pdparams"
+    from paddle_sam.build.sam_v1 import load_sam
+    from paddle_sam.convert.checkpoint import detect_family
+
+    assert detect_family(model) == "sam3"  # what the commands pick the family by
+    with pytest.raises(ValueError, match="is a SAM 3 model"):
+        load_sam(model)
     second = tiny_config(tmp_path / "b", data={"val": None})
     second["model"] = {"checkpoint": str(model)}
     second["train"].update(steps=1, checkpoint_every=1)
