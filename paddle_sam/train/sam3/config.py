@@ -89,6 +89,10 @@ class Sam3LossConfig:
     # the roboflow_v100 segmentation variant's semantic-map loss (SemanticSegCriterion, weights
     # 20 / 30): dense supervision of where each query's concept is; needs data.with_masks
     semantic_seg: bool = False
+    # denoising queries (train/sam3/denoise.py; DN-DETR with DINO's negatives, not upstream):
+    # the weight of their terms (0: off) and the box noise, a fraction of half the box's size
+    denoise: float = 0.0
+    denoise_box_noise: float = 0.5
 
 
 @dataclass
@@ -141,6 +145,10 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
             bad("model.freeze", part, f"choose from {', '.join(FREEZABLE)}")
     if cfg.model.box_prior_init and cfg.model.checkpoint is not None:
         bad("model.box_prior_init", True, "initialises a model trained from scratch only")
+    if cfg.loss.denoise < 0:
+        bad("loss.denoise", cfg.loss.denoise, "must be >= 0 (0: no denoising queries)")
+    if not 0 < cfg.loss.denoise_box_noise <= 1:
+        bad("loss.denoise_box_noise", cfg.loss.denoise_box_noise, "must be in (0, 1]")
     if cfg.loss.semantic_seg and not cfg.data.with_masks:
         bad("loss.semantic_seg", True, "needs masks (data.with_masks: true)")
     if cfg.model.lora_rank < 0:

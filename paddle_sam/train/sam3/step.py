@@ -19,12 +19,14 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import paddle
 from paddle import nn
 
 from ...models.sam3.box_ops import box_cxcywh_to_xyxy
 from ...models.sam3.model_misc import inverse_sigmoid
 from ...models.sam3.sam3_image import FindStage, Sam3Image
+from .denoise import DenoisingQueries, make_denoising_queries
 from .loss_fns import CORE_LOSS_KEY
 from .sam3_loss import compute_matching
 
@@ -108,14 +110,15 @@ def _graph_unless_frozen(layer: nn.Layer | None) -> contextlib.AbstractContextMa
 class _O2OSelfAttention(nn.Layer):
     """A decoder layer's self-attention restricted to the one-to-one part of the sequence.
 
-    With DAC the decoder carries its queries twice, ``[presence?, o2o queries, o2m queries]``;
-    only the first ``n - num_o2m`` tokens attend to each other, the o2m copies get no update
-    (a zero added to them, then the layer's norm, as upstream's ``dac_use_selfatt_ln``)."""
+    With DAC the decoder carries its queries twice, ``[presence?, o2o queries, o2m queries]``
+    (then any denoising queries); only the first ``n - num_trailing`` tokens attend to each
+    other, the trailing ones get no update (a zero added to them, then the layer's norm, as
+    upstream's ``dac_use_selfatt_ln``)."""
 
-    def __init__(self, attn: nn.Layer, num_o2m: int) -> None:
+    def __init__(self, attn: nn.Layer, num_trailing: int) -> None:
         super().__init__()
         self.attn = attn
-        self.num_o2m = num_o2m
+        self.num_trailing = num_trailing
 
     def forward(
         self,
@@ -129,7 +132,7 @@ class _O2OSelfAttention(nn.Layer):
         if key_padding_mask is not None or attn_mask is not None:
             raise NotImplementedError("masked decoder self-attention is not supported with DAC")
         axis = 1 if getattr(self.attn, "batch_first", False) else 0
-        n = query.shape[axis] - self.num_o2m
+        n = query.shape[axis] - self.num_trailing
         head = [paddle.slice(t, [axis], [0], [n]) for t in (query, key, value)]
         out = self.attn(*head)[0]
         rest = paddle.zeros_like(paddle.slice(query, [axis], [n], [query.shape[axis]]))
@@ -137,16 +140,17 @@ class _O2OSelfAttention(nn.Layer):
 
 
 @contextlib.contextmanager
-def _divide_and_conquer(decoder: nn.Layer, num_o2m: int) -> Iterator[None]:
-    """Inside the block each decoder layer's self-attention skips the ``num_o2m`` trailing
-    (one-to-many) queries; the layers are restored on exit."""
-    if num_o2m == 0:
+def _divide_and_conquer(decoder: nn.Layer, num_trailing: int) -> Iterator[None]:
+    """Inside the block each decoder layer's self-attention skips the ``num_trailing``
+    trailing queries (DAC's one-to-many copies, denoising queries); the layers are restored
+    on exit."""
+    if num_trailing == 0:
         yield
         return
     originals = [layer.self_attn for layer in decoder.layers]
     try:
         for layer, attn in zip(decoder.layers, originals, strict=True):
-            layer.self_attn = _O2OSelfAttention(attn, num_o2m)
+            layer.self_attn = _O2OSelfAttention(attn, num_trailing)
         yield
     finally:
         for layer, attn in zip(decoder.layers, originals, strict=True):
@@ -217,6 +221,7 @@ def forward_train(
     img_ids: paddle.Tensor | Sequence[int] | None = None,
     geometric_prompt: Any = None,
     recompute: bool = True,
+    denoise: DenoisingQueries | None = None,
 ) -> dict[str, Any]:
     """Upstream's training forward of one find stage: ``texts[i]`` is the prompt of image
     ``img_ids[i]`` (default ``i``) of ``images`` (``B x 3 x H x W``); ``geometric_prompt``
@@ -232,7 +237,11 @@ def forward_train(
     queries. ``recompute``: the encoder and decoder layers keep only their inputs for the
     backward pass (activation checkpointing, upstream's training setting; same gradients, far
     less memory). Dropout follows the layers' train / eval modes; no matching is done
-    (:func:`~.sam3_loss.compute_matching`). ``[[out]]`` is what the criterion takes."""
+    (:func:`~.sam3_loss.compute_matching`). ``[[out]]`` is what the criterion takes.
+
+    ``denoise`` (:func:`~.denoise.make_denoising_queries`) appends denoising queries; their
+    outputs are under ``out["dn"]`` (same keys and ``aux_outputs``, with their fixed
+    ``indices``), and the other outputs are unchanged by them."""
     n = len(texts)
     if img_ids is None:
         img_ids = list(range(n))
@@ -256,13 +265,21 @@ def forward_train(
     bs, d = memory.shape[1], decoder.d_model
     query = paddle.tile(decoder.query_embed.weight, [copies, 1]).unsqueeze(1)
     anchors = paddle.tile(decoder.reference_points.weight, [copies, 1]).unsqueeze(1)
-    with _divide_and_conquer(decoder, num_o2m):
+    tgt = query.expand([query.shape[0], bs, d])
+    reference_boxes = anchors.expand([anchors.shape[0], bs, 4]).sigmoid()
+    num_dn = 0
+    if denoise is not None:
+        num_dn = denoise.num_queries
+        content = paddle.gather(decoder.query_embed.weight, denoise.anchor_ids.flatten())
+        tgt = paddle.concat([tgt, content.reshape([num_dn, bs, d])])
+        reference_boxes = paddle.concat([reference_boxes, denoise.boxes.astype(memory.dtype)])
+    with _divide_and_conquer(decoder, num_o2m + num_dn):
         hs, ref_boxes, presence, presence_feats = decoder(
-            tgt=query.expand([query.shape[0], bs, d]),
+            tgt=tgt,
             memory=memory,
             memory_key_padding_mask=encoder_out["padding_mask"],
             pos=encoder_out["pos_embed"],
-            reference_boxes=anchors.expand([anchors.shape[0], bs, 4]).sigmoid(),
+            reference_boxes=reference_boxes,
             spatial_shapes=encoder_out["spatial_shapes"],
             valid_ratios=encoder_out["valid_ratios"],
             memory_text=prompt,
@@ -284,9 +301,12 @@ def forward_train(
     boxes_xyxy = box_cxcywh_to_xyxy(coords)
 
     levels: list[dict[str, Any]] = [{} for _ in range(hs.shape[0])]
+    dn_levels: list[dict[str, Any]] = [{} for _ in range(hs.shape[0])]
     if presence is not None:
         presence = presence.transpose([0, 2, 1])  # L x B x 1
         _per_layer(levels, "presence_logit_dec", presence)
+        # the denoising outputs' presence term would count the same logit twice
+        _per_layer(dn_levels, "presence_logit_dec", presence.detach())
     if model.supervise_joint_box_scores:
         if presence is None:
             raise ValueError("supervise_joint_box_scores needs the presence token")
@@ -301,7 +321,9 @@ def forward_train(
     ):
         _per_layer(levels, key, value[:, :, :num_o2o])
         if num_o2m:
-            _per_layer(levels, f"{key}_o2m", value[:, :, num_o2o:])
+            _per_layer(levels, f"{key}_o2m", value[:, :, num_o2o : num_o2o + num_o2m])
+        if num_dn:
+            _per_layer(dn_levels, key, value[:, :, num_o2o + num_o2m :])
 
     out: dict[str, Any] = {
         "encoder_hidden_states": memory,
@@ -310,11 +332,15 @@ def forward_train(
         **levels[-1],
         "aux_outputs": levels[:-1],
     }
+    if num_dn:
+        for level in dn_levels:
+            level["indices"] = denoise.indices
+        out["dn"] = {**dn_levels[-1], "aux_outputs": dn_levels[:-1]}
     head = model.segmentation_head
     if head is not None:
         seg = head(
             backbone_feats=backbone_out["backbone_fpn"],
-            obj_queries=hs if model.o2m_mask_predict else hs[:, :, :num_o2o],
+            obj_queries=hs if model.o2m_mask_predict or num_dn else hs[:, :, :num_o2o],
             image_ids=img_ids,
             encoder_hidden_states=memory,
             prompt=prompt,
@@ -324,7 +350,9 @@ def forward_train(
             if key in head.instance_keys:
                 out[key] = value[:, :num_o2o]
                 if model.o2m_mask_predict and num_o2m:
-                    out[f"{key}_o2m"] = value[:, num_o2o:]
+                    out[f"{key}_o2m"] = value[:, num_o2o : num_o2o + num_o2m]
+                if num_dn:
+                    out["dn"][key] = value[:, num_o2o + num_o2m :]
             else:
                 out[key] = value
     return out
@@ -378,13 +406,29 @@ def _field(batch: Any, name: str, default: Any = None) -> Any:
 
 
 def step_loss(
-    model: Sam3Image, batch: Any, criterion: nn.Layer, recompute: bool = True
+    model: Sam3Image,
+    batch: Any,
+    criterion: nn.Layer,
+    recompute: bool = True,
+    denoise_weight: float = 0.0,
+    denoise_box_noise: float = 0.5,
+    rng: np.random.Generator | None = None,
 ) -> tuple[paddle.Tensor, dict[str, paddle.Tensor]]:
     """The forward half of :func:`train_step`: :func:`forward_train` on ``batch`` (with
     ``recompute``), the matching with ``criterion.matcher`` and the criterion. Returns the
     total loss (a tensor to backpropagate) and every term; a non-finite total raises
-    ``FloatingPointError``."""
+    ``FloatingPointError``.
+
+    ``denoise_weight`` > 0 adds denoising queries (:mod:`.denoise`, noise ``denoise_box_noise``
+    drawn from ``rng``) and the criterion's terms on them, with their fixed assignment, times
+    that weight (terms suffixed ``_dn``). Not upstream: a from-scratch aid, off by default."""
     targets = _field(batch, "targets")
+    denoise = None
+    if denoise_weight > 0:
+        if rng is None:
+            raise ValueError("denoising queries need an rng")
+        ref = model.transformer.decoder.reference_points.weight
+        denoise = make_denoising_queries(ref, targets, rng, denoise_box_noise)
     out = forward_train(
         model,
         _field(batch, "images"),
@@ -392,10 +436,19 @@ def step_loss(
         img_ids=_field(batch, "img_ids"),
         geometric_prompt=_field(batch, "geometric_prompt"),
         recompute=recompute,
+        denoise=denoise,
     )
     compute_matching(out, targets, criterion.matcher)
     losses = criterion([[out]], [targets])
     core = losses[CORE_LOSS_KEY]
+    if denoise is not None:
+        dn = criterion.compute_loss(out["dn"], targets)
+        scale = denoise_weight
+        if criterion.scale_by_find_batch_size:
+            scale *= int(targets["num_boxes"].shape[0]) ** 0.5
+        core = core + dn.pop(CORE_LOSS_KEY) * scale
+        losses.update({f"{k}_dn": v for k, v in dn.items()})
+        losses[CORE_LOSS_KEY] = core
     total = float(core)
     if not math.isfinite(total):
         raise FloatingPointError(f"Loss is {total}, stopping the step")

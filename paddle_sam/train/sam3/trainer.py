@@ -73,10 +73,14 @@ def lr_scales(model: Any, oc: Any) -> dict[str, float]:
     return out
 
 
+# the denoising queries' main terms, logged when the config turns them on
+DENOISE_METRICS = ("loss_ce_dn", "loss_bbox_dn", "loss_giou_dn", "loss_dice_dn")
+
+
 class Sam3Trainer(TrainerBase):
     """SAM 3 on concept datasets (:class:`~.config.Sam3Config`)."""
 
-    metric_fields = (
+    metric_fields: tuple[str, ...] = (
         "loss_ce",
         "presence_loss",
         "loss_bbox",
@@ -113,6 +117,8 @@ class Sam3Trainer(TrainerBase):
         params = dict(model.named_parameters())
         for name, scale in lr_scales(model, cfg.optim).items():
             params[name].optimize_attr["learning_rate"] = scale
+        if cfg.loss.denoise:
+            self.metric_fields = (*type(self).metric_fields, *DENOISE_METRICS)
         self.criterion = build_roboflow_v100_loss(
             with_masks=cfg.data.with_masks,
             o2m_weight=cfg.loss.o2m_weight,
@@ -190,7 +196,16 @@ class Sam3Trainer(TrainerBase):
         samples = [ds[q] for i in mine for q in ds.queries(int(i))]
         batch = collate_concepts(samples)
         paddle.seed(int(rng.integers(1 << 31)))  # dropout: a function of (seed, step, micro, rank)
-        core, losses = step_loss(self.model, batch, self.criterion, tc.recompute)
+        lc = self.cfg.loss
+        core, losses = step_loss(
+            self.model,
+            batch,
+            self.criterion,
+            tc.recompute,
+            denoise_weight=lc.denoise,
+            denoise_box_noise=lc.denoise_box_noise,
+            rng=rng,
+        )
         weight = tc.batch_size / n_images
         stats = {k: float(v) * weight for k, v in losses.items() if k in self.metric_fields}
         stats["queries"] = len(samples) * weight
