@@ -115,9 +115,7 @@ def test_real_queries_unchanged_by_denoising_queries(model):
     dn = make_denoising_queries(ref, b["targets"], np.random.default_rng(0))
     with paddle.no_grad():
         plain = STEP.forward_train(model, b["images"], b["texts"], recompute=False)
-        with_dn = STEP.forward_train(
-            model, b["images"], b["texts"], recompute=False, denoise=dn
-        )
+        with_dn = STEP.forward_train(model, b["images"], b["texts"], recompute=False, denoise=dn)
     assert "dn" not in plain
     keys = [k for k, v in plain.items() if isinstance(v, paddle.Tensor)]
     assert {"pred_logits", "pred_boxes", "pred_masks", "pred_logits_o2m"} <= set(keys)
