@@ -59,9 +59,12 @@ def weights(path: Path) -> dict[str, np.ndarray]:
 def test_train_run_and_eval(tmp_path, capsys):
     """A whole run: metrics and curves, a model the SAM 3 predictor loads (the released keys:
     frozen backbone and text encoder unchanged), held-out AP in eval.json; then one eval command
-    on held-out concept scenes. With the semantic-map loss (logged as its own terms) and half
-    the positive queries turned into exemplar-box prompts."""
-    cfg = tiny_config(tmp_path, loss={"semantic_seg": True}, data={"exemplar_prob": 0.5})
+    on held-out concept scenes. With the semantic-map loss (logged as its own terms), denoising
+    queries (their terms logged too) and half the positive queries turned into exemplar-box
+    prompts."""
+    cfg = tiny_config(
+        tmp_path, loss={"semantic_seg": True, "denoise": 1.0}, data={"exemplar_prob": 0.5}
+    )
     path = write_yaml(tmp_path / "a.yaml", cfg)
     assert main(["train", str(path), "--quiet"]) == 0
     run = tmp_path / "run"
@@ -75,6 +78,7 @@ def test_train_run_and_eval(tmp_path, capsys):
     ds = ConceptDataset(tmp_path / "train", resolution=112, train=False)
     assert {len(ds[q].boxes) == 0 for q in range(len(ds))} == {True, False}  # some negatives
     assert float(rows[0]["loss_semantic_dice"]) > 0
+    assert all(np.isfinite(float(rows[0][k])) for k in ("loss_giou_dn", "loss_dice_dn"))
     assert rows[-1]["mask_AP50"] != ""
     assert (run / "curves.png").is_file()
     ev = json.loads((run / "eval.json").read_text())
@@ -355,6 +359,8 @@ def test_evaluate_concepts_ap(tmp_path):
             ),
             "loss.semantic_seg",
         ),
+        (lambda c: c.setdefault("loss", {}).update(denoise=-0.5), "loss.denoise"),
+        (lambda c: c.setdefault("loss", {}).update(denoise_box_noise=0), "loss.denoise_box_noise"),
     ],
 )
 def test_config_errors(tmp_path, change, error):
