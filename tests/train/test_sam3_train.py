@@ -399,3 +399,45 @@ def test_box_prior_init():
         far = np.hypot(xs / w - cx, ys / h - cy).ravel()
         out = ~inside
         assert bias[0, k, out][far[out].argmax()] == bias[0, k, out].min()
+
+
+def test_backbone_init(tmp_path):
+    """model.backbone_init sets the vision backbone, and only it, from a file's
+    backbone.vision_backbone.* tensors; a missing file, missing keys or other sizes are errors
+    naming the file."""
+    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+    from paddle_sam.train.sam3.init import VISION_PREFIX, load_vision_backbone
+
+    spec = tiny_sam3_spec()
+    paddle.seed(1)
+    source = build_sam3_image_model(spec=spec)
+    path = tmp_path / "bb.pdparams"
+    paddle.save(
+        {k: v for k, v in source.state_dict().items() if k.startswith(VISION_PREFIX)}, str(path)
+    )
+    paddle.seed(2)
+    model = build_sam3_image_model(spec=spec)
+    before = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    n = load_vision_backbone(model, str(path))
+    after = {k: v.numpy() for k, v in model.state_dict().items()}
+    src = {k: v.numpy() for k, v in source.state_dict().items()}
+    assert n == sum(k.startswith(VISION_PREFIX) for k in after) > 10
+    for k, v in after.items():
+        expected = src[k] if k.startswith(VISION_PREFIX) else before[k]
+        np.testing.assert_array_equal(v, expected, err_msg=k)
+    assert any(not np.array_equal(src[k], before[k]) for k in after if k.startswith(VISION_PREFIX))
+
+    with pytest.raises(FileNotFoundError, match="nope.pdparams"):
+        load_vision_backbone(model, str(tmp_path / "nope.pdparams"))
+    partial = tmp_path / "partial.pdparams"
+    paddle.save({k: v for k, v in source.state_dict().items() if "neck" in k}, str(partial))
+    with pytest.raises(ValueError, match="partial.pdparams lacks"):
+        load_vision_backbone(model, str(partial))
+    wide = Sam3Spec.from_dict({**spec.to_dict(), "encoder_embed_dim": 2 * spec.encoder_embed_dim})
+    other = build_sam3_image_model(spec=wide)
+    paddle.save(
+        {k: v for k, v in other.state_dict().items() if k.startswith(VISION_PREFIX)}, str(path)
+    )
+    with pytest.raises(ValueError, match="another model size"):
+        load_vision_backbone(model, str(path))

@@ -47,6 +47,9 @@ class Sam3ModelConfig:
     # each query inside its reference box (train/sam3/init.py); random ones leave every query
     # looking at the whole image and the box and mask losses on a plateau
     box_prior_init: bool = False
+    # a .pdparams whose backbone.vision_backbone.* tensors start the vision backbone (e.g. one
+    # pretrained on dense labels by `python -m paddle_sam.train.sam3.pretrain`); None: as above
+    backbone_init: str | None = None
 
 
 @dataclass

@@ -58,3 +58,37 @@ def box_prior_init(model: paddle.nn.Layer, strength: float = 10.0) -> None:
 
 
 __all__ = ["box_prior_init", "grid_boxes"]
+
+
+VISION_PREFIX = "backbone.vision_backbone."
+
+
+def load_vision_backbone(model: paddle.nn.Layer, path: str) -> int:
+    """Set the vision backbone's weights (every ``backbone.vision_backbone.*`` parameter and
+    buffer) from ``path``, a Paddle state dict (``.pdparams``) holding at least those keys,
+    e.g. one written by :mod:`.pretrain` or a trained model's file; the rest of ``model`` is
+    left as it is. Returns how many tensors were set. A missing file, a file without the
+    backbone or with other sizes is an error naming it."""
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"model.backbone_init: {path} does not exist")
+    state = paddle.load(str(path))
+    if not isinstance(state, dict):
+        raise ValueError(f"model.backbone_init: {path} is not a state dict")
+    own = {k: v for k, v in model.state_dict().items() if k.startswith(VISION_PREFIX)}
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise ValueError(
+            f"model.backbone_init: {path} lacks {len(missing)} of the {len(own)} vision "
+            f"backbone tensors, e.g. {missing[0]}"
+        )
+    for key, target in own.items():
+        value = np.asarray(state[key].numpy() if hasattr(state[key], "numpy") else state[key])
+        if list(value.shape) != list(target.shape):
+            raise ValueError(
+                f"model.backbone_init: {path}: {key} is {list(value.shape)}, the model's "
+                f"{list(target.shape)} (another model size)"
+            )
+        target.set_value(value.astype(np.dtype(str(target.numpy().dtype))))
+    return len(own)

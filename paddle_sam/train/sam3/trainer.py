@@ -33,7 +33,7 @@ from ..base import TrainerBase
 from ..data import SkipLog
 from .config import Sam3Config
 from .data import ConceptDataset, collate_concepts
-from .init import box_prior_init
+from .init import box_prior_init, load_vision_backbone
 from .lora import DEFAULT_LORA_TARGETS, apply_lora, merge_lora
 from .sam3_loss import build_roboflow_v100_loss
 from .step import MODEL_PARTS, disable_dropout, freeze, step_loss
@@ -109,6 +109,8 @@ class Sam3Trainer(TrainerBase):
         )
         if cfg.model.box_prior_init:
             box_prior_init(model)
+        if cfg.model.backbone_init:
+            load_vision_backbone(model, cfg.model.backbone_init)
         if cfg.model.freeze:
             freeze(model, *cfg.model.freeze)
         if cfg.model.lora_rank:
