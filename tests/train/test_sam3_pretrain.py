@@ -1,0 +1,68 @@
+"""Dense pretraining of a small SAM 3's vision backbone (paddle_sam.train.sam3.pretrain): the
+label maps, a short run that changes the backbone only, and its file loaded by
+model.backbone_init."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+import yaml
+
+from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.train.sam3.init import VISION_PREFIX, load_vision_backbone
+from paddle_sam.train.sam3.pretrain import COLOURS, SHAPES, dense_labels, main
+from paddle_sam.train.synthetic import concept_scene
+from tests.helpers.sam3_ref import tiny_sam3_spec
+
+
+def test_dense_labels_follow_the_masks():
+    scene = concept_scene(3, 0, [[96, 96]])
+    shape, colour = dense_labels(scene, 96)
+    assert shape.shape == colour.shape == (96, 96)
+    assert ((shape > 0) == (colour > 0)).all()
+    for mask, kind, name in zip(scene.masks, scene.kinds, scene.colours, strict=True):
+        assert (shape[mask] == SHAPES.index(kind) + 1).all()
+        assert (colour[mask] == COLOURS.index(name) + 1).all()
+    union = np.any(scene.masks, axis=0)
+    assert (shape[~union] == 0).all() and union.any()
+    small, _ = dense_labels(scene, 24)  # every 4th pixel, at the cells' centres
+    np.testing.assert_array_equal(small, shape[2::4, 2::4])
+
+
+def test_pretrain_command(tmp_path, capsys):
+    spec = tiny_sam3_spec().to_dict()
+    cfg = tmp_path / "c.yaml"
+    data = {"train": {"format": "concepts", "path": str(tmp_path / "d"), "num_images": 4}}
+    cfg.write_text(yaml.safe_dump({"family": "sam3", "model": {"spec": spec}, "data": data}))
+    out = tmp_path / "bb.pdparams"
+    assert main([str(cfg), "-o", str(out), "--steps", "3", "--batch-size", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "held-out shape accuracy" in text and f"wrote {out}" in text
+    state = paddle.load(str(out))
+    assert state and all(k.startswith(VISION_PREFIX) for k in state)
+    paddle.seed(0)  # the command's seed: the same initial weights
+    init = build_sam3_image_model(spec=tiny_sam3_spec())
+    before = {k: v.numpy() for k, v in init.state_dict().items() if k.startswith(VISION_PREFIX)}
+    assert set(state) == set(before)
+    assert any(not np.array_equal(state[k].numpy(), before[k]) for k in state)  # it trained
+    assert load_vision_backbone(init, str(out)) == len(state)
+
+    # an existing file is kept unless --overwrite; a config it cannot use is refused
+    assert main([str(cfg), "-o", str(out), "--steps", "1"]) == 2
+    assert "exists" in capsys.readouterr().err
+    bad = tmp_path / "v1.yaml"
+    bad.write_text(
+        yaml.safe_dump({"family": "sam3", "model": {"checkpoint": str(out)}, "data": data})
+    )
+    assert main([str(bad), "-o", str(tmp_path / "x.pdparams")]) == 2
+    assert "model.spec" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("steps,batch", [(0, 2), (1, 0)])
+def test_pretrain_arguments(steps, batch):
+    from paddle_sam.train.sam3.pretrain import pretrain_vision_backbone
+
+    model = build_sam3_image_model(spec=tiny_sam3_spec())
+    with pytest.raises(ValueError, match="steps and batch_size"):
+        pretrain_vision_backbone(model, steps, batch_size=batch)
