@@ -51,6 +51,8 @@ train-default: $(VENV)/.installed-train
 # runs/sam3_tiny_concepts/ (model.pdparams with its sidecar, metrics.csv, curves.png) and the
 # held-out evaluation the bundled model is judged by (runs/sam3_tiny_concepts/heldout_eval.json)
 train-sam3-default: $(VENV)/.installed-train
+	test -f runs/sam3_tiny_backbone.pdparams || $(BIN)/python -m paddle_sam.train.sam3.pretrain \
+		configs/sam3_tiny_concepts.yaml -o runs/sam3_tiny_backbone.pdparams --steps 1600
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts.yaml
 	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts/model.pdparams \
 		--format concepts --seed 1000 --num-images 30 --json runs/sam3_tiny_concepts/heldout_eval.json \
