@@ -57,6 +57,9 @@ def test_pretrain_command(tmp_path, capsys):
     )
     assert main([str(bad), "-o", str(tmp_path / "x.pdparams")]) == 2
     assert "model.spec" in capsys.readouterr().err
+    assert main([str(cfg), "-o", str(tmp_path / "x.pdparams"), "--steps", "0"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    assert not (tmp_path / "x.pdparams").exists()
 
 
 @pytest.mark.parametrize("steps,batch", [(0, 2), (1, 0)])

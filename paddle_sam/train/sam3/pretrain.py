@@ -156,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     args = ap.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.lr <= 0:
+        print("error: --steps and --batch-size must be >= 1 and --lr > 0", file=sys.stderr)
+        return 2
     out = Path(args.output)
     if out.exists() and not args.overwrite:
         print(f"error: {out} exists; pass --overwrite to replace it", file=sys.stderr)
