@@ -640,11 +640,13 @@ class VideoService:
                     if time.perf_counter() - measured > 0.5:
                         self._measure_locked(session)
                         measured = time.perf_counter()
-                objects = frame_objects(item["outputs"])
-                frame = int(item["frame_index"])
-                session.set_frame(frame, objects)
-                job.done += 1
-                job.last_frame = frame
+                    # the frame's results and the progress count change with the frame, under
+                    # the model lock: whoever holds it sees every frame read so far counted
+                    objects = frame_objects(item["outputs"])
+                    frame = int(item["frame_index"])
+                    session.set_frame(frame, objects)
+                    job.done += 1
+                    job.last_frame = frame
                 self.store.refresh(session)
                 if session.nbytes > self.store.budget_bytes:
                     raise MemoryError(
