@@ -28,6 +28,7 @@ import paddle
 import paddle.nn.functional as F
 
 from ..synthetic import CONCEPT_COLOURS, CONCEPT_SHAPES, ConceptScene, concept_scene
+from .data import NORM_MEAN, NORM_STD
 from .init import VISION_PREFIX
 
 __all__ = ["dense_labels", "pretrain_vision_backbone", "main"]
@@ -54,11 +55,15 @@ def dense_labels(scene: ConceptScene, size: int) -> tuple[np.ndarray, np.ndarray
 
 
 def _batch(seed: int, step: int, n: int, size: int, grid: int):
+    """``n`` scenes normalised as the detector's data (``NORM_MEAN`` / ``NORM_STD``), with
+    their label maps on the ``grid x grid`` of the backbone's finest level."""
+    mean = np.asarray(NORM_MEAN, np.float32).reshape(3, 1, 1)
+    std = np.asarray(NORM_STD, np.float32).reshape(3, 1, 1)
     images, shapes, colours = [], [], []
     for i in range(n):
         scene = concept_scene(seed, step * n + i, [[size, size]])
         s, c = dense_labels(scene, grid)
-        images.append(scene.image.astype(np.float32).transpose(2, 0, 1) / 127.5 - 1.0)
+        images.append((scene.image.astype(np.float32).transpose(2, 0, 1) / 255.0 - mean) / std)
         shapes.append(s)
         colours.append(c)
     return (
@@ -85,7 +90,7 @@ def pretrain_vision_backbone(
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
     backbone = model.backbone.vision_backbone
-    size = int(model.backbone.vision_backbone.trunk.img_size)
+    size = int(backbone.trunk.img_size)
     finest = backbone(paddle.zeros([1, 3, size, size]))[0][0]
     grid = int(finest.shape[-1])
     head = paddle.nn.Conv2D(int(finest.shape[1]), len(SHAPES) + len(COLOURS) + 2, 1)

@@ -305,8 +305,8 @@ def forward_train(
     if presence is not None:
         presence = presence.transpose([0, 2, 1])  # L x B x 1
         _per_layer(levels, "presence_logit_dec", presence)
-        # the denoising outputs' presence term would count the same logit twice
-        _per_layer(dn_levels, "presence_logit_dec", presence.detach())
+        if num_dn:  # their presence term would count the same logit twice
+            _per_layer(dn_levels, "presence_logit_dec", presence.detach())
     if model.supervise_joint_box_scores:
         if presence is None:
             raise ValueError("supervise_joint_box_scores needs the presence token")
