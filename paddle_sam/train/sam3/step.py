@@ -338,13 +338,19 @@ def forward_train(
         out["dn"] = {**dn_levels[-1], "aux_outputs": dn_levels[:-1]}
     head = model.segmentation_head
     if head is not None:
+        fpn = backbone_out["backbone_fpn"]
+        # the pixel decoder's convolutions of the images' own levels once per image, not per
+        # prompt (PixelDecoder.image_terms; the same function up to float rounding): with a
+        # few prompts per image this halves the decoder's cost, the largest part of a step
+        terms = head.pixel_decoder.image_terms(fpn) if n > int(images.shape[0]) else None
         seg = head(
-            backbone_feats=backbone_out["backbone_fpn"],
+            backbone_feats=fpn,
             obj_queries=hs if model.o2m_mask_predict or num_dn else hs[:, :, :num_o2o],
             image_ids=img_ids,
             encoder_hidden_states=memory,
             prompt=prompt,
             prompt_mask=prompt_mask,
+            image_terms=terms,
         )
         for key, value in seg.items():
             if key in head.instance_keys:
