@@ -1,6 +1,7 @@
 """Denoising queries (paddle_sam.train.sam3.denoise), a training aid that is not in upstream: the
 noised boxes and their assignment, the real queries' outputs unchanged by them, and their
-terms in the step's loss."""
+terms in the step's loss; and the classification loss's query divisor (``loss.pad_n_queries``),
+the other from-scratch setting of the criterion."""
 
 from __future__ import annotations
 
@@ -170,3 +171,24 @@ def test_step_loss_adds_the_denoising_terms(model):
     assert np.abs(grad_dn - grad_plain).max() > 1e-6
     with pytest.raises(ValueError, match="rng"):
         STEP.step_loss(model, b, criterion, denoise_weight=0.5)
+
+
+def test_classification_divisor_pad_n_queries(model):
+    """``loss.pad_n_queries``: upstream divides the classification sum by 200 queries per
+    prompt, its own count; ``None`` divides by the model's queries (here fewer), the other
+    terms unchanged."""
+    b = batch()
+    q = model.transformer.decoder.num_queries
+    assert q < 200
+    _, padded = STEP.step_loss(model, b, build_roboflow_v100_loss(True), recompute=False)
+    _, own = STEP.step_loss(
+        model, b, build_roboflow_v100_loss(True, pad_n_queries=None), recompute=False
+    )
+    _, same = STEP.step_loss(
+        model, b, build_roboflow_v100_loss(True, pad_n_queries=q), recompute=False
+    )
+    assert float(padded["loss_ce"]) > 0
+    assert float(own["loss_ce"]) == pytest.approx(float(padded["loss_ce"]) * 200 / q, rel=1e-5)
+    assert float(same["loss_ce"]) == pytest.approx(float(own["loss_ce"]), rel=1e-6)
+    for key in ("presence_loss", "loss_bbox", "loss_giou", "loss_dice"):
+        assert float(own[key]) == pytest.approx(float(padded[key]), rel=1e-6)

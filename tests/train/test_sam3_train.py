@@ -361,6 +361,7 @@ def test_evaluate_concepts_ap(tmp_path):
         ),
         (lambda c: c.setdefault("loss", {}).update(denoise=-0.5), "loss.denoise"),
         (lambda c: c.setdefault("loss", {}).update(denoise_box_noise=0), "loss.denoise_box_noise"),
+        (lambda c: c.setdefault("loss", {}).update(pad_n_queries=0), "loss.pad_n_queries"),
     ],
 )
 def test_config_errors(tmp_path, change, error):

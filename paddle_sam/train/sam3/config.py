@@ -96,6 +96,10 @@ class Sam3LossConfig:
     # the weight of their terms (0: off) and the box noise, a fraction of half the box's size
     denoise: float = 0.0
     denoise_box_noise: float = 0.5
+    # the classification loss (IABCEMdetr) is a sum over the queries divided by this many per
+    # prompt: upstream's 200, its own query count; a model with fewer queries then weighs its
+    # scores that much less against its boxes and masks (null: divide by the model's queries)
+    pad_n_queries: int | None = 200
 
 
 @dataclass
@@ -152,6 +156,12 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
         bad("loss.denoise", cfg.loss.denoise, "must be >= 0 (0: no denoising queries)")
     if not 0 < cfg.loss.denoise_box_noise <= 1:
         bad("loss.denoise_box_noise", cfg.loss.denoise_box_noise, "must be in (0, 1]")
+    if cfg.loss.pad_n_queries is not None and (
+        isinstance(cfg.loss.pad_n_queries, bool)
+        or not isinstance(cfg.loss.pad_n_queries, int)
+        or cfg.loss.pad_n_queries < 1
+    ):
+        bad("loss.pad_n_queries", cfg.loss.pad_n_queries, "must be an integer >= 1 or null")
     if cfg.loss.semantic_seg and not cfg.data.with_masks:
         bad("loss.semantic_seg", True, "needs masks (data.with_masks: true)")
     if cfg.model.lora_rank < 0:

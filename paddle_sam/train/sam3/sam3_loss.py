@@ -333,6 +333,7 @@ def build_roboflow_v100_loss(
     o2m_weight: float = 2.0,
     scale_by_find_batch_size: bool = True,
     semantic_seg: bool = False,
+    pad_n_queries: int | None = 200,
 ) -> Sam3LossWrapper:
     """The criterion of upstream's roboflow_v100 fine-tuning config: the focal Hungarian matcher
     (cost_class 2, cost_bbox 5, cost_giou 2, alpha 0.25, gamma 2) and the one-to-many matcher
@@ -346,7 +347,8 @@ def build_roboflow_v100_loss(
     config's (2.0, True); without the scaling, data-parallel processes average to exactly the
     loss of one process with their batches together. ``semantic_seg`` adds the segmentation
     variant's ``SemanticSegCriterion`` on the semantic map with
-    :data:`ROBOFLOW_V100_SEMANTIC_LOSS_WEIGHTS`."""
+    :data:`ROBOFLOW_V100_SEMANTIC_LOSS_WEIGHTS`. ``pad_n_queries``: the classification loss's
+    divisor per prompt (upstream's 200, its query count; ``None``: the model's queries)."""
     w = roboflow_v100_loss_weights(with_masks)
     loss_fns = [
         Boxes(weight_dict={"loss_bbox": w["loss_bbox"], "loss_giou": w["loss_giou"]}),
@@ -358,7 +360,7 @@ def build_roboflow_v100_loss(
             gamma=2,
             use_presence=True,
             pos_focal=False,
-            pad_n_queries=200,
+            pad_n_queries=pad_n_queries,
             pad_scale_pos=1.0,
         ),
     ]

@@ -126,6 +126,7 @@ class Sam3Trainer(TrainerBase):
             o2m_weight=cfg.loss.o2m_weight,
             scale_by_find_batch_size=cfg.loss.scale_by_batch_size,
             semantic_seg=cfg.loss.semantic_seg,
+            pad_n_queries=cfg.loss.pad_n_queries,
         )
         return model
 
