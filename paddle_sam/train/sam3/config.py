@@ -156,12 +156,10 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
         bad("loss.denoise", cfg.loss.denoise, "must be >= 0 (0: no denoising queries)")
     if not 0 < cfg.loss.denoise_box_noise <= 1:
         bad("loss.denoise_box_noise", cfg.loss.denoise_box_noise, "must be in (0, 1]")
-    if cfg.loss.pad_n_queries is not None and (
-        isinstance(cfg.loss.pad_n_queries, bool)
-        or not isinstance(cfg.loss.pad_n_queries, int)
-        or cfg.loss.pad_n_queries < 1
-    ):
-        bad("loss.pad_n_queries", cfg.loss.pad_n_queries, "must be an integer >= 1 or null")
+    if cfg.loss.pad_n_queries is not None and cfg.loss.pad_n_queries < 1:
+        bad(
+            "loss.pad_n_queries", cfg.loss.pad_n_queries, "must be >= 1 (null: the model's queries)"
+        )
     if cfg.loss.semantic_seg and not cfg.data.with_masks:
         bad("loss.semantic_seg", True, "needs masks (data.with_masks: true)")
     if cfg.model.lora_rank < 0:
