@@ -41,13 +41,19 @@ COLOURS = list(CONCEPT_COLOURS)
 BACKGROUND_WEIGHT = 0.2  # background covers most pixels
 
 
+def _cell_centres(scene: ConceptScene, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel rows and columns of the centres of a ``size x size`` grid over ``scene``."""
+    h, w = scene.image.shape[:2]
+    ys = ((np.arange(size) + 0.5) * h / size).astype(np.int64)
+    xs = ((np.arange(size) + 0.5) * w / size).astype(np.int64)
+    return ys, xs
+
+
 def dense_labels(scene: ConceptScene, size: int) -> tuple[np.ndarray, np.ndarray]:
     """``size x size`` int64 maps of ``scene`` (square): each pixel's shape (1 + index in
     :data:`CONCEPT_SHAPES`) and colour (1 + index in :data:`CONCEPT_COLOURS`), 0 for the
     background; sampled at the centres of a ``size x size`` grid over the image."""
-    h, w = scene.image.shape[:2]
-    ys = ((np.arange(size) + 0.5) * h / size).astype(np.int64)
-    xs = ((np.arange(size) + 0.5) * w / size).astype(np.int64)
+    ys, xs = _cell_centres(scene, size)
     shape = np.zeros((size, size), np.int64)
     colour = np.zeros((size, size), np.int64)
     for mask, kind, name in zip(scene.masks, scene.kinds, scene.colours, strict=True):
@@ -62,9 +68,7 @@ def instance_cells(scene: ConceptScene, size: int) -> tuple[np.ndarray, np.ndarr
     centres as :func:`dense_labels`: ``N x size*size`` float32 masks (flattened) and their
     shapes (``N`` int64, index in :data:`CONCEPT_SHAPES`); instances no cell centre falls on
     are left out."""
-    h, w = scene.image.shape[:2]
-    ys = ((np.arange(size) + 0.5) * h / size).astype(np.int64)
-    xs = ((np.arange(size) + 0.5) * w / size).astype(np.int64)
+    ys, xs = _cell_centres(scene, size)
     cells, shapes = [], []
     for mask, kind in zip(scene.masks, scene.kinds, strict=True):
         on = mask[np.ix_(ys, xs)]
