@@ -137,9 +137,9 @@ def pretrain_vision_backbone(
     head = paddle.nn.Conv2D(int(finest.shape[1]), len(SHAPES) + len(COLOURS) + 2, 1)
     params = [p for p in backbone.parameters() if not p.stop_gradient] + list(head.parameters())
     read = len(levels) - 1 - int(model.backbone.scalp)  # the level the detector's encoder reads
-    instance_grid = int(levels[read].shape[-1]) if instance_loss else None
-    instance_head = None
+    instance_grid = instance_head = None
     if instance_loss:
+        instance_grid = int(levels[read].shape[-1])
         instance_head = paddle.nn.Linear(int(levels[read].shape[1]), len(SHAPES))
         params += list(instance_head.parameters())
 
