@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import paddle
 import pytest
 
@@ -117,3 +118,52 @@ def test_sidecar_with_older_names_loads(tmp_path):
     sidecar_path(dst).write_text("[1, 2]")
     with pytest.raises(CheckpointFormatError, match="JSON object"):
         read_sidecar(dst)
+
+
+def test_conv_stem_is_checked_and_keeps_the_token_grid(tmp_path):
+    """``conv_stem`` (not in upstream; empty in every released spec) puts stride-2 convolutions
+    before a patch projection that covers the rest of the patch: the trunk's token grid, and so
+    every later shape, stay as without it; the spec's field survives the sidecar."""
+    from paddle_sam.convert.core import save_pdparams, sidecar_meta
+
+    for value in (((8, 0),), ((8, 2), (8, 2)), ((-1, 2),)):
+        with pytest.raises(ValueError, match="positive widths and strides whose product"):
+            dataclasses.replace(TINY3, conv_stem=value)
+    with pytest.raises(ValueError, match="width, stride"):
+        dataclasses.replace(TINY3, conv_stem=(8, 2))
+    spec = dataclasses.replace(TINY3, conv_stem=((4, 1), (8, 2)))
+    paddle.seed(0)
+    model = build_sam3_model(spec)
+    trunk = model.backbone.vision_backbone.trunk
+    assert trunk.patch_embed.proj.weight.shape == [16, 8, 7, 7]
+    x = paddle.rand([2, 3, 56, 56])
+    (out,) = trunk(x)
+    assert out.shape == [2, 16, 4, 4]
+    stem_out = trunk.stem(x)
+    assert stem_out.shape == [2, 8, 28, 28] and float(stem_out.min()) >= 0  # ReLU'd
+    model.eval()  # batch norm's running statistics from here on
+    dst = tmp_path / "stem.pdparams"
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    save_pdparams(state, dst, sidecar_meta("sam3", "stem", spec, {"file": None}))
+    loaded = load_sam3(dst)
+    assert loaded.spec == spec and not loaded.training
+    with paddle.no_grad():
+        (again,) = loaded.backbone.vision_backbone.trunk(x)
+        (first,) = trunk(x)
+    assert float((again - first).abs().max()) == 0.0
+
+
+def test_layer_scale_init():
+    """encoder_init_values (upstream ViT's init_values; None in the released model) puts a
+    LayerScale at that value on both branches of every trunk block."""
+    with pytest.raises(ValueError, match="encoder_init_values must be positive"):
+        dataclasses.replace(TINY3, encoder_init_values=0.0)
+    assert not hasattr(
+        build_sam3_model(TINY3).backbone.vision_backbone.trunk.blocks[0].ls1, "gamma"
+    )
+    spec = Sam3Spec.from_dict(
+        json.loads(json.dumps(TINY3.to_dict() | {"encoder_init_values": 0.01}))
+    )
+    for block in build_sam3_model(spec).backbone.vision_backbone.trunk.blocks:
+        for ls in (block.ls1, block.ls2):
+            np.testing.assert_array_equal(ls.gamma.numpy(), np.full([16], 0.01, np.float32))

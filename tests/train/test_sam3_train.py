@@ -442,3 +442,29 @@ def test_backbone_init(tmp_path):
     )
     with pytest.raises(ValueError, match="another model size"):
         load_vision_backbone(model, str(path))
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "trained"])
+def test_conv_stem_batch_norm_follows_the_freezing(tmp_path, frozen):
+    """A vision backbone with a ``conv_stem`` (batch norm): frozen, its running statistics stay
+    as loaded (the frozen weights were trained with them), though the rest of the model trains;
+    trained, they follow the batches."""
+    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+
+    spec = tiny_sam3_spec().to_dict() | {"conv_stem": [[8, 2], [16, 1]]}
+    cfg = tiny_config(tmp_path, train={"steps": 2, "checkpoint_every": 2, "seed": 3})
+    cfg["model"]["spec"] = spec
+    cfg["model"]["freeze"] = ["vision_backbone", "text_encoder"] if frozen else ["text_encoder"]
+    assert main(["train", str(write_yaml(tmp_path / "a.yaml", cfg)), "--quiet"]) == 0
+    trained = weights(tmp_path / "run" / "model.pdparams")
+    paddle.seed(3)
+    init = build_sam3_image_model(spec=Sam3Spec.from_dict(spec)).state_dict()
+    stats = [k for k in trained if ".trunk.stem." in k and k.endswith(("_mean", "_variance"))]
+    assert len(stats) == 4
+    same = [np.array_equal(trained[k], init[k].numpy()) for k in stats]
+    assert same == [frozen] * 4
+    assert not np.array_equal(
+        trained["transformer.decoder.query_embed.weight"],
+        init["transformer.decoder.query_embed.weight"].numpy(),
+    )

@@ -5,6 +5,7 @@ model of a spec (upstream: sam3/model_builder.py, without the checkpoint loading
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,12 @@ class Sam3Spec(Spec):
     encoder_global_attn_indexes: tuple[int, ...] = (7, 15, 23, 31)
     scale_factors: tuple[float, ...] = (4.0, 2.0, 1.0, 0.5)
     scalp: int = 1
+    # not in upstream (empty for every released model): (width, stride) of 3 x 3 convolutions
+    # with batch norm before the patch projection, for small models trained from scratch
+    conv_stem: tuple[tuple[int, int], ...] = ()
+    # upstream ViT's init_values: LayerScale on each block's branches, starting at this value
+    # (None, no LayerScale, in the released model)
+    encoder_init_values: float | None = None
     # text encoder
     text_width: int = 1024
     text_heads: int = 16
@@ -67,6 +74,11 @@ class Sam3Spec(Spec):
     def __post_init__(self) -> None:
         for name in ("encoder_global_attn_indexes", "scale_factors"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        try:  # a sidecar holds lists
+            stem = tuple((int(w), int(s)) for w, s in self.conv_stem)
+        except (TypeError, ValueError):
+            raise ValueError(f"conv_stem {self.conv_stem!r}: needs (width, stride) pairs") from None
+        object.__setattr__(self, "conv_stem", stem)
         self._check_positive(
             "image_size",
             "pretrain_image_size",
@@ -102,6 +114,16 @@ class Sam3Spec(Spec):
         ):
             if width % heads:
                 raise ValueError(f"{what} heads {heads} must divide its width {width}")
+        if self.encoder_init_values is not None and not self.encoder_init_values > 0:
+            raise ValueError(
+                f"encoder_init_values must be positive or None, got {self.encoder_init_values!r}"
+            )
+        strides = math.prod(s for _, s in self.conv_stem)
+        if any(min(layer) <= 0 for layer in self.conv_stem) or self.vit_patch_size % strides:
+            raise ValueError(
+                f"conv_stem {[list(x) for x in self.conv_stem]}: needs positive widths and "
+                f"strides whose product divides the patch size {self.vit_patch_size}"
+            )
         bad = [i for i in self.encoder_global_attn_indexes if not 0 <= i < self.encoder_depth]
         if bad:
             raise ValueError(f"global attention indexes {bad} outside 0..{self.encoder_depth - 1}")
@@ -144,6 +166,8 @@ def build_vision_backbone(spec: Sam3Spec, enable_inst_interactivity: bool) -> nn
         mlp_ratio=spec.mlp_ratio,
         window_size=spec.window_size,
         global_att_blocks=spec.encoder_global_attn_indexes,
+        conv_stem=spec.conv_stem,
+        init_values=spec.encoder_init_values,
     )
     return Sam3DualViTDetNeck(
         trunk=trunk,

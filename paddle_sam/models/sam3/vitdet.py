@@ -277,6 +277,30 @@ class Block(nn.Layer):
         return x + self.dropout(self.drop_path(self.ls2(self.mlp(self.norm2(x)))))
 
 
+class ConvStem(nn.Layer):
+    """3 x 3 convolutions, each followed by batch norm and ReLU, run before the patch projection
+    (not in upstream; Xiao et al. 2021, "Early convolutions help transformers see better"). A
+    small ViT trained from scratch learns shapes slowly through its single linear patch
+    projection; a few convolutions give it that prior. ``layers``: ``(width, stride)`` of each
+    convolution. Input ``B x C x H x W``, output ``B x layers[-1][0] x H / S x W / S`` with
+    ``S`` the product of the strides."""
+
+    def __init__(self, in_chans: int, layers: Sequence[tuple[int, int]]) -> None:
+        super().__init__()
+        seq: list[nn.Layer] = []
+        for width, stride in layers:
+            seq += [
+                nn.Conv2D(in_chans, width, 3, stride=stride, padding=1, bias_attr=False),
+                nn.BatchNorm2D(width),
+                nn.ReLU(),
+            ]
+            in_chans = width
+        self.layers = nn.Sequential(*seq)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.layers(x)
+
+
 class ViT(nn.Layer):
     """ViTDet-style plain ViT; defaults are SAM 3's released backbone (PE, 1008 input).
 
@@ -315,6 +339,7 @@ class ViT(nn.Layer):
         ln_pre: bool = True,
         ln_post: bool = False,
         bias_patch_embed: bool = False,
+        conv_stem: Sequence[tuple[int, int]] = (),
     ) -> None:
         super().__init__()
         if rel_pos_blocks or retain_cls_token:
@@ -333,9 +358,22 @@ class ViT(nn.Layer):
         self.full_attn_ids = list(global_att_blocks)
         self.tile_abs_pos = tile_abs_pos
         self.return_interm_layers = return_interm_layers
+        # conv_stem: (width, stride) of convolutions before the patch projection (not in
+        # upstream); the projection then covers what is left of the patch
+        self.stem = None
+        kernel = patch_size
+        if conv_stem:
+            stride = math.prod(s for _, s in conv_stem)
+            if patch_size % stride:
+                raise ValueError(
+                    f"conv_stem's strides (product {stride}) do not divide the patch size "
+                    f"{patch_size}"
+                )
+            self.stem = ConvStem(in_chans, conv_stem)
+            kernel, in_chans = patch_size // stride, conv_stem[-1][0]
         self.patch_embed = PatchEmbed(
-            kernel_size=(patch_size, patch_size),
-            stride=(patch_size, patch_size),
+            kernel_size=(kernel, kernel),
+            stride=(kernel, kernel),
             in_chans=in_chans,
             embed_dim=embed_dim,
             bias=bias_patch_embed,
@@ -376,6 +414,8 @@ class ViT(nn.Layer):
     def forward(self, x: paddle.Tensor) -> list[paddle.Tensor]:
         if x.ndim != 4:
             raise ValueError(f"expected a B x C x H x W image batch, got shape {x.shape}")
+        if self.stem is not None:
+            x = self.stem(x)
         x = self.patch_embed(x)
         if self.pos_embed is not None:
             x = x + get_abs_pos(

@@ -165,8 +165,10 @@ def pretrain_vision_backbone(
         return head(levels[0]), instance_head(mean)
 
     def evaluate() -> dict[str, float]:
+        backbone.eval()  # running batch-norm statistics, no stochastic depth
         with paddle.no_grad():
             out, inst = logits(held_out)
+        backbone.train()
         ps, pc = out[:, :k].argmax(1).numpy(), out[:, k:].argmax(1).numpy()
         s, c = held_out[1].numpy(), held_out[2].numpy()
         fg = s > 0

@@ -35,6 +35,7 @@ __all__ = [
     "backbone_features",
     "clip_grad_norm_",
     "disable_dropout",
+    "freeze_batch_norm_statistics",
     "forward_train",
     "freeze",
     "step_loss",
@@ -362,6 +363,18 @@ def forward_train(
             else:
                 out[key] = value
     return out
+
+
+def freeze_batch_norm_statistics(model: nn.Layer) -> nn.Layer:
+    """Batch norm layers whose parameters are all frozen (a frozen vision backbone with a
+    ``conv_stem``) to inference mode while the model trains: they normalise with their running
+    statistics and keep them, as the frozen weights were trained with. Returns the model."""
+    for m in model.sublayers(include_self=True):
+        if isinstance(m, nn.BatchNorm1D | nn.BatchNorm2D | nn.BatchNorm3D) and all(
+            p.stop_gradient for p in m.parameters()
+        ):
+            m.eval()
+    return model
 
 
 def disable_dropout(model: nn.Layer) -> nn.Layer:

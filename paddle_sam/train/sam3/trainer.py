@@ -36,7 +36,13 @@ from .data import ConceptDataset, collate_concepts
 from .init import box_prior_init, load_vision_backbone
 from .lora import DEFAULT_LORA_TARGETS, apply_lora, merge_lora
 from .sam3_loss import build_roboflow_v100_loss
-from .step import MODEL_PARTS, disable_dropout, freeze, step_loss
+from .step import (
+    MODEL_PARTS,
+    disable_dropout,
+    freeze,
+    freeze_batch_norm_statistics,
+    step_loss,
+)
 
 TRUNK = "backbone.vision_backbone.trunk."
 _BLOCK = re.compile(r"\bblocks\.(\d+)\.")
@@ -134,6 +140,7 @@ class Sam3Trainer(TrainerBase):
         self.model.train()
         if not self.cfg.model.dropout:
             disable_dropout(self.model)
+        freeze_batch_norm_statistics(self.model)
 
     def optim_parameters(self) -> list[tuple[str, Any]]:
         """The trainable parameters only: what is frozen stays frozen for the whole run, and
