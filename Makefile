@@ -46,13 +46,14 @@ train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage2.yaml
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage3.yaml
 
-# the default SAM 3's recipe: one run from scratch, about 3 hours on a 2-core CPU (a stopped run
-# continues with: paddle-sam train configs/sam3_tiny_concepts.yaml --resume); writes
-# runs/sam3_tiny_concepts/ (model.pdparams with its sidecar, metrics.csv, curves.png) and the
-# held-out evaluation the bundled model is judged by (runs/sam3_tiny_concepts/heldout_eval.json)
+# the default SAM 3's recipe: the vision backbone pretrained (about 20 min), then the detector
+# from scratch (hours on a 2-core CPU; a stopped run continues with: paddle-sam train
+# configs/sam3_tiny_concepts.yaml --resume); writes runs/sam3_tiny_concepts/ (model.pdparams with
+# its sidecar, metrics.csv, curves.png) and the held-out evaluation the bundled model is judged
+# by (runs/sam3_tiny_concepts/heldout_eval.json)
 train-sam3-default: $(VENV)/.installed-train
-	test -f runs/sam3_tiny_backbone.pdparams || $(BIN)/python -m paddle_sam.train.sam3.pretrain \
-		configs/sam3_tiny_concepts.yaml -o runs/sam3_tiny_backbone.pdparams --steps 1600
+	test -f runs/sam3_tiny_concepts_backbone.pdparams || $(BIN)/python -m paddle_sam.train.sam3.pretrain \
+		configs/sam3_tiny_concepts.yaml -o runs/sam3_tiny_concepts_backbone.pdparams --steps 1200
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts.yaml
 	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts/model.pdparams \
 		--format concepts --seed 1000 --num-images 30 --json runs/sam3_tiny_concepts/heldout_eval.json \

@@ -408,3 +408,26 @@ def test_cli_export_and_segment_exported(ckpt, tmp_path):
     assert cli.main(both) == 2
     assert cli.main([*common, "--exported", str(tmp_path / "nope"), "-o", str(tmp_path / "y")]) == 2
     assert cli.main(["export", "--checkpoint", str(ckpt), "--format", "onnx", "-o", "z"]) == 2
+
+
+def test_conv_stem_model_exports(tmp_path):
+    """A small model's options (``conv_stem`` with batch norm, ``encoder_init_values``) export
+    and run the same as the dynamic model (batch norm with its running statistics)."""
+    spec = dataclasses.replace(TINY, conv_stem=((8, 2), (16, 1)), encoder_init_values=0.1)
+    paddle.seed(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random weights
+        model = build_sam3_image_model(spec=spec)
+    for layer in model.sublayers():  # running statistics that are not 0 and 1
+        if isinstance(layer, paddle.nn.BatchNorm2D):
+            layer._mean.set_value(paddle.rand(layer._mean.shape) - 0.5)
+            layer._variance.set_value(paddle.rand(layer._variance.shape) + 0.5)
+    model.eval()
+    d = tmp_path / "stem"
+    export_sam3(model, d, source_sha256="1" * 64, spec=spec)
+    static = StaticSam3Processor(d, confidence_threshold=0.0)
+    dynamic = Sam3Processor(model, resolution=spec.image_size, confidence_threshold=0.0)
+    img = image(H, W, seed=4)
+    assert_same_results(
+        run_prompts(static, img, CASES["text"]), run_prompts(dynamic, img, CASES["text"]), "stem"
+    )
