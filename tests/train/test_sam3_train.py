@@ -293,6 +293,24 @@ def test_layer_decay_matches_upstream(monkeypatch):
         assert ours[n] == pytest.approx(expected, rel=1e-12), n
 
 
+def test_conv_stem_decays_with_the_patch_embedding():
+    """The convolutional stem (not in upstream) sits before the patch projection: layer id 0,
+    the most decayed learning rate, as the patch embedding's."""
+    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+    from paddle_sam.train.sam3.config import Sam3OptimConfig
+    from paddle_sam.train.sam3.trainer import lr_scales
+
+    spec = Sam3Spec.from_dict(tiny_sam3_spec().to_dict() | {"conv_stem": [[8, 2]]})
+    scales = lr_scales(
+        build_sam3_image_model(spec=spec), Sam3OptimConfig(layer_decay=0.5, vision_lr_scale=1.0)
+    )
+    patch = scales["backbone.vision_backbone.trunk.patch_embed.proj.weight"]
+    stem = [v for k, v in scales.items() if ".trunk.stem." in k]
+    assert len(stem) == 5 and set(stem) == {patch}  # conv, norm weight and bias, statistics
+    assert patch == pytest.approx(0.5 ** (spec.encoder_depth + 1))
+
+
 def test_evaluate_concepts_ap(tmp_path):
     """AP of a predictor that answers every concept with its true instances is 1, of one that
     answers with another concept's instances 0, both through pycocotools."""

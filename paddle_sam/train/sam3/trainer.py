@@ -50,11 +50,12 @@ _BLOCK = re.compile(r"\bblocks\.(\d+)\.")
 
 def trunk_layer_id(name: str, num_blocks: int) -> int:
     """Upstream's layer id of a vision-trunk parameter (name relative or full): 0 for the
-    patch and position embeddings and the pre-norm, block i -> i + 1, anything else (relative
-    position tables, the last norm) num_blocks + 1."""
+    patch and position embeddings and the pre-norm (and the convolutional stem, which upstream
+    does not have), block i -> i + 1, anything else (relative position tables, the last norm)
+    num_blocks + 1."""
     if "rel_pos" in name:
         return num_blocks + 1
-    if any(k in name for k in ("ln_pre", "pos_embed", "cls_token", "patch_embed")):
+    if any(k in name for k in ("ln_pre", "pos_embed", "cls_token", "patch_embed", "stem.")):
         return 0
     m = _BLOCK.search(name)
     return int(m.group(1)) + 1 if m else num_blocks + 1
