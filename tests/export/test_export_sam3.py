@@ -128,6 +128,7 @@ def test_files_and_manifest(exported):
     assert manifest["spec"] == dataclasses.asdict(TINY) | {
         "encoder_global_attn_indexes": list(TINY.encoder_global_attn_indexes),
         "scale_factors": list(TINY.scale_factors),
+        "conv_stem": [list(layer) for layer in TINY.conv_stem],
     }
     assert manifest["source_sha256"] == "1" * 64
     assert manifest["paddle_version"] == paddle.__version__
