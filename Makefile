@@ -37,7 +37,13 @@ demo: $(VENV)/.installed
 	@# small synthetic model's masks are softer and would all be filtered out
 	$(BIN)/paddle-sam everything paddle_sam/assets/example.png --points-per-side 16 \
 		--pred-iou-thresh 0.5 --stability-score-thresh 0.6 -o $(DEMO)/everything --overwrite
-	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/"
+	@echo "NOTE: the default SAM 3 (paddle_sam/assets/sam3_tiny_concepts.pdparams) knows only the"
+	@echo "      synthetic vocabulary (4 colours x 6 shapes: 'red star', 'ring', ...); real images"
+	@echo "      need sam3.pt: paddle-sam segment IMAGE --text 'a dog' --checkpoint sam3.pt"
+	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --text star -o $(DEMO)/text --overwrite
+	$(BIN)/python -m paddle_sam.train.example concept $(DEMO)/text --text star
+	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/;"
+	@echo "              $(DEMO)/text/{masks/,overlay.png,annotations.json}"
 
 # the default model's recipe, three stages (each continues the previous one's model): about
 # 2.5 hours on this 2-core CPU; writes runs/sam_tiny_synthetic{,_stage2,_stage3}/
@@ -46,18 +52,20 @@ train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage2.yaml
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage3.yaml
 
-# the default SAM 3's recipe: the vision backbone pretrained (about 20 min), then the detector
-# from scratch (hours on a 2-core CPU; a stopped run continues with: paddle-sam train
-# configs/sam3_tiny_concepts.yaml --resume); writes runs/sam3_tiny_concepts/ (model.pdparams with
-# its sidecar, metrics.csv, curves.png) and the held-out evaluation the bundled model is judged
-# by (runs/sam3_tiny_concepts/heldout_eval.json)
+# the default SAM 3's recipe: the vision backbone pretrained (about 20 min), the detector from
+# scratch at 256 px (stage 1, about an hour on one core), then at 384 px (stage 2, about two
+# hours; a stopped stage continues with: paddle-sam train CONFIG --resume); writes
+# runs/sam3_tiny_concepts/ and runs/sam3_tiny_concepts_stage2/ (model.pdparams with its sidecar,
+# metrics.csv, curves.png) and the held-out evaluation the bundled model is judged by
+# (runs/sam3_tiny_concepts_stage2/heldout_eval.json)
 train-sam3-default: $(VENV)/.installed-train
 	test -f runs/sam3_tiny_concepts_backbone.pdparams || $(BIN)/python -m paddle_sam.train.sam3.pretrain \
 		configs/sam3_tiny_concepts.yaml -o runs/sam3_tiny_concepts_backbone.pdparams --steps 1200
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts.yaml
-	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts/model.pdparams \
-		--format concepts --seed 1000 --num-images 30 --json runs/sam3_tiny_concepts/heldout_eval.json \
-		--overwrite
+	$(BIN)/paddle-sam train configs/sam3_tiny_concepts_stage2.yaml
+	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage2/model.pdparams \
+		--format concepts --seed 1000 --num-images 30 \
+		--json runs/sam3_tiny_concepts_stage2/heldout_eval.json --overwrite
 
 test: $(VENV)/.installed-test chromium onnxruntime-web label-studio
 	$(BIN)/python -m pytest -q

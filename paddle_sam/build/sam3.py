@@ -32,9 +32,9 @@ from ..predict.sam3.tokenizer import SimpleTokenizer
 from ..predict.sam3.tracker import Sam3TrackerVideoPredictor
 from ..predict.sam3.video_predictor import Sam3VideoModel, Sam3VideoPredictor
 
-# the bundled small SAM 3 (configs/sam3_tiny_concepts.yaml, ``make train-sam3-default``): trained
-# on synthetic concept scenes only, it knows their 30 phrases ("red star", "ring", ...) and
-# nothing else; 224 px input, no tracker (text and box prompts, no clicks)
+# the bundled small SAM 3 (configs/sam3_tiny_concepts*.yaml, ``make train-sam3-default``):
+# trained on synthetic concept scenes only, it knows their 30 phrases ("red star", "ring", ...)
+# and nothing else; 384 px input, no tracker (text and box prompts, no clicks)
 DEFAULT_SAM3_MODEL = Path(__file__).resolve().parents[1] / "assets" / "sam3_tiny_concepts.pdparams"
 
 

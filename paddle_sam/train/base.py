@@ -183,9 +183,21 @@ class TrainerBase:
         return {"loss": f"{stats['loss']:.3f}"}
 
     def training_meta(self, metrics: dict) -> dict:
-        """The sidecar's ``training`` record: the recipe, steps, processes and metrics."""
-        recipe = {"recipe": f"{self.recipe} ({self.step} steps)"} if self.recipe else {}
-        return {**recipe, "steps": self.step, "world_size": self.world, **metrics}
+        """The sidecar's ``training`` record: the recipe, steps, processes and metrics. A run
+        that starts from a model trained by paddle-sam (``model.checkpoint``) continues that
+        model's record: ``recipe`` lists every stage and ``total_steps`` counts them all."""
+        from ..convert.core import read_sidecar
+
+        record = {"steps": self.step, "world_size": self.world, **metrics}
+        this = f"{self.recipe} ({self.step} steps)" if self.recipe else f"({self.step} steps)"
+        start = self.cfg.model.checkpoint
+        prior = ((read_sidecar(start) or {}).get("training") if start else None) or {}
+        steps = prior.get("total_steps", prior.get("steps"))
+        if not isinstance(steps, int):  # from scratch, or weights trained elsewhere
+            return {"recipe": this, **record} if self.recipe else record
+        before = prior.get("recipe", f"({steps} steps)")
+        before = [before] if isinstance(before, str) else list(before)
+        return {"recipe": [*before, this], "total_steps": steps + self.step, **record}
 
     def plot(self, rows: list[dict]) -> None:
         """Draw ``curves.png`` from the metrics rows (default: the loss)."""

@@ -25,12 +25,16 @@ def test_default_sam3_is_small_and_described():
     assert DEFAULT_SAM3_MODEL.stat().st_size <= 30 * 2**20
     meta = json.loads(DEFAULT_SAM3_MODEL.with_name(DEFAULT_SAM3_MODEL.name + ".json").read_text())
     assert meta["format"] == "paddle-sam/sam3" and meta["interactive"] is False
-    recipe = yaml.safe_load(open("configs/sam3_tiny_concepts.yaml"))
-    expected = Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **recipe["model"]["spec"]})
-    assert Sam3Spec.from_dict(meta["spec"]) == expected
+    stages = ["configs/sam3_tiny_concepts.yaml", "configs/sam3_tiny_concepts_stage2.yaml"]
+    first, second = (yaml.safe_load(open(path)) for path in stages)
+    assert second["model"]["checkpoint"] == f"{first['run']['output_dir']}/model.pdparams"
+    sizes = {**SAM3_SPEC.to_dict(), **first["model"]["spec"], **second["model"]["spec"]}
+    assert Sam3Spec.from_dict(meta["spec"]) == Sam3Spec.from_dict(sizes)
     training = meta["training"]
-    assert training["recipe"].startswith("configs/sam3_tiny_concepts.yaml")
-    assert training["steps"] == recipe["train"]["steps"]
+    steps = [first["train"]["steps"], second["train"]["steps"]]
+    recorded = [f"{path} ({n} steps)" for path, n in zip(stages, steps, strict=True)]
+    assert training["recipe"] == recorded
+    assert training["steps"] == steps[1] and training["total_steps"] == sum(steps)
 
 
 @needs_model

@@ -207,12 +207,45 @@ def test_train_from_a_checkpoint(tmp_path):
     second["model"] = {"checkpoint": str(model)}
     second["train"].update(steps=1, checkpoint_every=1)
     assert main(["train", str(write_yaml(tmp_path / "b.yaml", second)), "--quiet"]) == 0
+    model_b = tmp_path / "b" / "run" / "model.pdparams"
+    record = json.loads(model_b.with_name("model.pdparams.json").read_text())["training"]
+    stages = [f"{tmp_path / 'a.yaml'} (1 steps)", f"{tmp_path / 'b.yaml'} (1 steps)"]
+    assert record["recipe"] == stages and record["steps"] == 1 and record["total_steps"] == 2
     from paddle_sam.train.sam3.trainer import Sam3Trainer
 
     t = Sam3Trainer(load_config(tmp_path / "b.yaml"), progress=False, overwrite=True)
     assert t.spec == tiny_sam3_spec()
     loaded = {k: v.numpy() for k, v in t.model.state_dict().items()}
     assert all(np.array_equal(loaded[k], v) for k, v in weights(model).items())
+
+
+def test_next_stage_at_another_resolution(tmp_path):
+    """model.spec on top of a checkpoint's sizes: the sizes that keep its weights' shapes
+    (image_size) change, the rest is refused; the stages chain in the sidecar's record."""
+    from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+
+    first = tiny_config(tmp_path / "a", data={"val": None})
+    first["train"].update(steps=1, checkpoint_every=1)
+    assert main(["train", str(write_yaml(tmp_path / "a.yaml", first)), "--quiet"]) == 0
+    model = tmp_path / "a" / "run" / "model.pdparams"
+    second = tiny_config(tmp_path / "b")
+    second["model"] = {"checkpoint": str(model), "spec": {"image_size": 168}}
+    second["train"].update(steps=1, checkpoint_every=1)
+    path = write_yaml(tmp_path / "b.yaml", second)
+    assert main(["train", str(path), "--quiet"]) == 0
+    meta = json.loads((tmp_path / "b" / "run" / "model.pdparams.json").read_text())
+    bigger = Sam3Spec.from_dict({**tiny_sam3_spec().to_dict(), "image_size": 168})
+    assert Sam3Spec.from_dict(meta["spec"]) == bigger
+    assert meta["training"]["recipe"] == [f"{tmp_path / 'a.yaml'} (1 steps)", f"{path} (1 steps)"]
+    assert meta["training"]["total_steps"] == 2
+    from paddle_sam.build.sam3 import sam3_spec
+
+    trained = tmp_path / "b" / "run" / "model.pdparams"
+    assert sam3_spec(trained, enable_inst_interactivity=False) == bigger  # checked on the weights
+    for change, why in (({"d_model": 48}, "changes the shapes"), ({"image_size": 170}, "")):
+        second["model"]["spec"] = change
+        with pytest.raises(ConfigError, match=rf"model\.spec = .*{why}"):
+            load_config(write_yaml(tmp_path / "c.yaml", second))
 
 
 def test_lora_run_exports_plain_weights(tmp_path):

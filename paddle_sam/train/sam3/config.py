@@ -36,7 +36,9 @@ class Sam3DataSpec:
 @dataclass
 class Sam3ModelConfig:
     checkpoint: str | None = None  # sam3.pt or a .pdparams; None = random initialisation
-    spec: dict[str, Any] = field(default_factory=dict)  # Sam3Spec fields (default: released)
+    # Sam3Spec fields over the released sizes, or over the checkpoint's where one is given
+    # (then only those that keep its weights' shapes, e.g. image_size)
+    spec: dict[str, Any] = field(default_factory=dict)
     bpe: str | None = None  # the tokenizer's vocabulary (default: the bundled one)
     freeze: list[str] = field(default_factory=lambda: ["vision_backbone", "text_encoder"])
     lora_rank: int = 0  # > 0: LoRA adapters (merged into plain weights on export)
@@ -130,6 +132,23 @@ class Sam3Config(ConfigBase):
     run: RunConfig = field(default_factory=RunConfig)
 
 
+def model_spec(model: Sam3ModelConfig) -> Any:
+    """The sizes of the model a run trains: from scratch ``model.spec`` over the released
+    ones; from a checkpoint its sidecar's (checked against its weights), with ``model.spec``'s
+    keys over them (e.g. ``image_size``: fine-tuning at another resolution). A bad value is a
+    ``ValueError`` naming it."""
+    from ...build.sam3 import sam3_spec
+    from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
+
+    if model.checkpoint is None:
+        base = SAM3_SPEC
+    else:
+        base = sam3_spec(model.checkpoint, enable_inst_interactivity=False)
+    if not model.spec:
+        return base
+    return Sam3Spec.from_dict({**base.to_dict(), **model.spec})
+
+
 def validate_sam3(cfg: Sam3Config, where: str) -> None:
     """Value checks that types cannot express."""
     from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
@@ -139,14 +158,28 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
 
         raise ConfigError(f"{where}: {key} = {value!r}: {why}")
 
-    try:
-        Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
-    except ValueError as exc:
-        bad("model.spec", cfg.model.spec, str(exc))
-    if cfg.model.checkpoint is not None and cfg.model.spec:
-        bad("model.spec", cfg.model.spec, "the checkpoint's sidecar sets the sizes: leave it empty")
     if cfg.model.checkpoint is not None and not Path(cfg.model.checkpoint).is_file():
         raise FileNotFoundError(f"{where}: model.checkpoint file not found: {cfg.model.checkpoint}")
+    if cfg.model.checkpoint is None:
+        try:
+            Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
+        except ValueError as exc:
+            bad("model.spec", cfg.model.spec, str(exc))
+    elif cfg.model.spec:
+        from ...convert.sam3 import expected_layout
+
+        base = model_spec(Sam3ModelConfig(checkpoint=cfg.model.checkpoint))
+        try:
+            spec = model_spec(cfg.model)
+        except ValueError as exc:
+            bad("model.spec", cfg.model.spec, str(exc))
+        if expected_layout(spec) != expected_layout(base):
+            bad(
+                "model.spec",
+                cfg.model.spec,
+                f"changes the shapes of {cfg.model.checkpoint}'s weights: from a checkpoint only "
+                "sizes that keep them can change (e.g. image_size)",
+            )
     for part in cfg.model.freeze:
         if part not in FREEZABLE:
             bad("model.freeze", part, f"choose from {', '.join(FREEZABLE)}")
@@ -201,5 +234,6 @@ __all__ = [
     "Sam3ModelConfig",
     "Sam3OptimConfig",
     "Sam3TrainConfig",
+    "model_spec",
     "validate_sam3",
 ]

@@ -212,8 +212,8 @@ def pretrain_vision_backbone(
 
 def main(argv: list[str] | None = None) -> int:
     from ...build.sam3 import build_sam3_image_model
-    from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
     from ..config import ConfigError, load_config
+    from .config import model_spec
 
     ap = argparse.ArgumentParser(
         prog="python -m paddle_sam.train.sam3.pretrain", description=__doc__.split("\n\n")[0]
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    spec = Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
+    spec = model_spec(cfg.model)
     paddle.seed(args.seed)
     with warnings.catch_warnings():  # random weights are the point here
         warnings.simplefilter("ignore")

@@ -26,12 +26,11 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ...build.sam3 import build_sam3_image_model, sam3_spec
+from ...build.sam3 import build_sam3_image_model
 from ...convert.core import save_pdparams, sidecar_meta
-from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
 from ..base import TrainerBase
 from ..data import SkipLog
-from .config import Sam3Config
+from .config import Sam3Config, model_spec
 from .data import ConceptDataset, collate_concepts
 from .init import box_prior_init, load_vision_backbone
 from .lora import DEFAULT_LORA_TARGETS, apply_lora, merge_lora
@@ -107,10 +106,7 @@ class Sam3Trainer(TrainerBase):
 
     def build_model(self):
         cfg = self.cfg
-        if cfg.model.checkpoint is not None:  # its sizes from its sidecar, checked
-            self.spec = sam3_spec(cfg.model.checkpoint, enable_inst_interactivity=False)
-        else:
-            self.spec = Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
+        self.spec = model_spec(cfg.model)  # a checkpoint's from its sidecar, checked
         model = build_sam3_image_model(
             bpe_path=cfg.model.bpe, checkpoint_path=cfg.model.checkpoint, spec=self.spec
         )
