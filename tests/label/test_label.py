@@ -227,7 +227,6 @@ def test_label_command_errors(dataset, tmp_path, capsys):
     for argv, words in [
         ([dataset, "-o", out], "--everything"),
         ([dataset, "-o", out, "--everything", "--text", "car"], "either --everything"),
-        ([dataset, "-o", out, "--text", "car"], "--checkpoint"),
         ([dataset, "-o", out, "--text", "car", "--text", "car", "--checkpoint", dataset], "twice"),
         ([tmp_path / "missing", "-o", out, "--everything"], "source not found"),
         ([dataset, "-o", out, "--everything", "--num-workers", "0"], "--num-workers"),

@@ -97,8 +97,10 @@ def test_commands_without_a_default_sam3(monkeypatch, tmp_path, capsys):
         ["segment", str(EXAMPLE), "--text", "star", "-o", str(tmp_path / "seg")],
         ["eval", "--model-type", "sam3", "--format", "concepts", "--num-images", "1"],
         ["export", "--model-type", "sam3", "-o", str(tmp_path / "exp")],
+        ["label", str(EXAMPLE.parent), "-o", str(tmp_path / "labels"), "--text", "star"],
     ]
     for argv in commands:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "no default SAM 3" in err and "missing.pdparams" in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output folder begun
