@@ -53,7 +53,7 @@ train-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam_tiny_synthetic_stage3.yaml
 
 # the default SAM 3's recipe: the vision backbone pretrained (about 20 min), the detector from
-# scratch at 256 px (stage 1, about an hour on one core), then at 384 px (stage 2, about two
+# scratch at 256 px (stage 1, about an hour on one core), then at 384 px (stage 2, two to three
 # hours; a stopped stage continues with: paddle-sam train CONFIG --resume); writes
 # runs/sam3_tiny_concepts/ and runs/sam3_tiny_concepts_stage2/ (model.pdparams with its sidecar,
 # metrics.csv, curves.png) and the held-out evaluation the bundled model is judged by
