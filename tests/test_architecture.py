@@ -49,6 +49,13 @@ FILE_IO_CALLS = {
 }
 
 
+# Each source file parsed once, while the tests are collected. CPython 3.11 counts the AST
+# constructor's recursion depth in shared state, so a parse that overlaps one in another thread
+# (a thread an earlier test left running) can fail with "AST constructor recursion depth
+# mismatch"; at collection time no test has started a thread yet.
+TREES = {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
 def _module_name(path: Path) -> list[str]:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return parts[:-1] if parts[-1] == "__init__" else parts
@@ -63,7 +70,7 @@ def _imports(path: Path):
     """(line, imported paddle_sam module as a list of names) of every import in a file."""
     here = _module_name(path)
     package = here if path.name == "__init__.py" else here[:-1]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(TREES[path]):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "paddle_sam":
@@ -88,7 +95,7 @@ def _imports(path: Path):
 def _edges() -> dict[tuple[str, str], str]:
     """``{(importer part, imported part): "file:line"}`` between different parts."""
     edges: dict[tuple[str, str], str] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in TREES:
         src = _part(_module_name(path))
         for line, target in _imports(path):
             dst = _part(target)
@@ -156,7 +163,7 @@ def test_models_are_a_leaf_without_file_io(path):
     for line, target in _imports(path):
         if _part(target) not in {"models", "_runtime"}:
             problems.append(f"line {line}: imports {'.'.join(target)}")
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(TREES[path]):
         if isinstance(node, ast.Call):
             f = node.func
             name = (
