@@ -155,6 +155,12 @@ def test_no_import_cycle_between_parts():
     assert not cycles, f"parts in an import cycle: {cycles}"
 
 
+def test_utils_package_imports_nothing_eagerly():
+    """``import paddle_sam.utils`` must work without any of its modules (onnx among them)."""
+    tree = TREES[PACKAGE / "utils" / "__init__.py"]
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
 @pytest.mark.parametrize("path", sorted((PACKAGE / "models").rglob("*.py")), ids=lambda p: p.name)
 def test_models_are_a_leaf_without_file_io(path):
     """Models import only models and the process-wide CPU settings (``_runtime``: thread
