@@ -148,8 +148,9 @@ def make_parts(bpe_path: str):
     with reference_patches():
         torch.manual_seed(0)
         ref_det = reference_video_detector(bpe_path)
-        # the text encoder leaves two parameters as torch.empty: drawn here, or the weights
-        # (and how many objects the tests see) would change from run to run
+        # the text encoder leaves two parameters as torch.empty (NaN under the tests' torch
+        # settings): drawn here, the detector the video tests were written against;
+        # perturb_module_ would redraw them from its own seed, a different detector
         gen = torch.Generator().manual_seed(4)
         with torch.no_grad():
             for name, p in ref_det.named_parameters():
