@@ -227,7 +227,7 @@ def run_paddle_worker(args) -> dict:
     import paddle
 
     from paddle_sam._runtime import get_num_threads
-    from paddle_sam.build.sam3 import load_sam3_tracker
+    from paddle_sam.loading.sam3 import load_sam3_tracker
 
     paddle.set_device("cpu")
     if args.threads:

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import paddle
 
-    from paddle_sam.build.sam3 import build_tracker
+    from paddle_sam.loading.sam3 import build_tracker
 
     rss_start = rss_mb()
     with warnings.catch_warnings():

@@ -244,7 +244,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     import paddle
 
     from paddle_sam._runtime import get_num_threads
-    from paddle_sam.build.sam3 import load_sam3
+    from paddle_sam.loading.sam3 import load_sam3
     from paddle_sam.train.sam3 import step as S
     from paddle_sam.train.sam3.loss_fns import CORE_LOSS_KEY
     from paddle_sam.train.sam3.sam3_loss import build_roboflow_v100_loss

@@ -163,7 +163,7 @@ def run_paddle_worker(args) -> dict:
     import paddle
 
     from paddle_sam._runtime import get_num_threads
-    from paddle_sam.build.sam3 import build_sam3_video_predictor
+    from paddle_sam.loading.sam3 import build_sam3_video_predictor
 
     paddle.set_device("cpu")
     if args.threads:
@@ -246,7 +246,7 @@ def prepare(tmp: Path, frames: int) -> dict[str, Any]:
     """The video folder, the weights (``.pt`` and its conversion) and the threshold."""
     import paddle
 
-    from paddle_sam.build.sam3 import build_sam3_video_predictor
+    from paddle_sam.loading.sam3 import build_sam3_video_predictor
     from paddle_sam.convert.checkpoint import convert_checkpoint
     from tests.conftest import find_reference_dir
     from tests.helpers.video import write_frames

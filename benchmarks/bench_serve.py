@@ -88,7 +88,7 @@ def reference_predictor(ckpt: Path | None, exported: Path | None, height: int, w
             (1, spec["prompt_embed_dim"], grid, grid), dtype=np.float32
         )
     else:
-        from paddle_sam.build.sam_v1 import load_sam
+        from paddle_sam.loading.sam_v1 import load_sam
         from paddle_sam.predict.sam_v1.predictor import SamPredictor
 
         p = SamPredictor(load_sam(ckpt))

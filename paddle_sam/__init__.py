@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     apply_cpu_defaults()
     import paddle  # noqa: F401
 
-from .build.sam_v1 import build_sam, sam_model_registry  # noqa: E402
+from .loading.sam_v1 import build_sam, sam_model_registry  # noqa: E402
 from .models.sam_v1 import SAM_SPECS, Sam, SamSpec  # noqa: E402
 from .predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator  # noqa: E402
 from .predict.sam_v1.predictor import SamPredictor  # noqa: E402
@@ -43,10 +43,10 @@ __all__ = [
 
 # SAM 3 is imported on first use, so that ``import paddle_sam`` stays as fast as for SAM v1.
 _LAZY = {
-    "build_sam3_image_model": ".build.sam3",
-    "build_sam3_video_model": ".build.sam3",
-    "build_sam3_video_predictor": ".build.sam3",
-    "load_sam3_tracker": ".build.sam3",
+    "build_sam3_image_model": ".loading.sam3",
+    "build_sam3_video_model": ".loading.sam3",
+    "build_sam3_video_predictor": ".loading.sam3",
+    "load_sam3_tracker": ".loading.sam3",
     "Sam3Processor": ".predict.sam3.processor",
     "Sam3Spec": ".models.sam3.build_sam3",
 }

@@ -17,9 +17,10 @@ LAYERS = [
     {"models"},
     {"convert"},
     {"predict"},
-    {"build", "export", "align"},
-    {"deploy", "train"},
-    {"serve", "label"},
+    {"export", "align"},
+    {"deploy"},
+    {"loading"},
+    {"train", "serve", "label"},
     {"cli"},
     {"__main__"},
 ]
@@ -183,3 +184,4 @@ def test_models_are_a_leaf_without_file_io(path):
                 if (mod or "").split(".")[0] in {"gzip", "pickle", "shutil", "tempfile", "zipfile"}:
                     problems.append(f"line {node.lineno}: imports {mod}")
     assert not problems, f"{path.relative_to(PACKAGE.parent)}:\n" + "\n".join(problems)
+

@@ -13,7 +13,7 @@ def cmd_align(args: argparse.Namespace) -> int:
 
     torch, segment_anything = import_reference()
     from ..align.sam_v1 import align_sam
-    from ..build.sam_v1 import load_sam
+    from ..loading.sam_v1 import load_sam
 
     image = read_image(args.image, args.command) if args.image else None  # before the models
     ref = segment_anything.sam_model_registry[args.model_type](checkpoint=args.torch_checkpoint)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..build.sam_v1 import DEFAULT_MODEL
+from ..loading.sam_v1 import DEFAULT_MODEL
 from ..models.sam_v1.build_sam import SAM_SPECS
 
 # -- models ------------------------------------------------------------------------------
@@ -39,7 +39,7 @@ def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("
 def load_model(args: argparse.Namespace) -> Any:
     """The SAM v1 model of --checkpoint, or the bundled default synthetic model (with a
     notice)."""
-    from ..build.sam_v1 import load_sam
+    from ..loading.sam_v1 import load_sam
 
     if args.checkpoint is None:
         if args.model_type not in (None, "vit_tiny_synthetic"):
@@ -59,7 +59,7 @@ def load_model(args: argparse.Namespace) -> Any:
 
 def sam3_checkpoint(args: argparse.Namespace) -> str | Path:
     """--checkpoint of a SAM 3 command, or the bundled small SAM 3 (with a notice)."""
-    from ..build.sam3 import DEFAULT_SAM3_MODEL
+    from ..loading.sam3 import DEFAULT_SAM3_MODEL
 
     if args.checkpoint is not None:
         return args.checkpoint

@@ -89,7 +89,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_sam3(args: argparse.Namespace) -> int:
     """``export`` of a SAM 3 checkpoint: backbone, text encoder and prompt decoder."""
-    from ..build.sam3 import load_sam3
+    from ..loading.sam3 import load_sam3
     from ..convert.core import read_sidecar
     from ..export.sam3 import export_sam3
 

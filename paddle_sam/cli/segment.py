@@ -79,7 +79,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
     prepare_out(out, names, args.overwrite)
 
     if kind == "sam3":
-        from ..build.sam3 import load_sam3_predictor
+        from ..loading.sam3 import load_sam3_predictor
 
         predictor = load_sam3_predictor(args.checkpoint, args.bpe, interactive=True)
     elif args.exported is not None:
@@ -163,7 +163,7 @@ def _check_sam3_clicks(args: argparse.Namespace) -> None:
 def _segment_sam3(args: argparse.Namespace) -> int:
     """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
     boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
-    from ..build.sam3 import load_sam3_predictor
+    from ..loading.sam3 import load_sam3_predictor
     from ..predict.io import coco_rle, overlay
 
     check_one_source(args)

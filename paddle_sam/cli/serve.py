@@ -254,7 +254,7 @@ def _video_model(args: argparse.Namespace) -> tuple[object | None, str | None]:
     """SAM 3's video model of ``--checkpoint``, or None and why not: a checkpoint whose
     tracker part holds only the heads that clicks on images need (no memory encoder or
     memory attention), or sizes the tracker is not built for, serves images only."""
-    from ..build.sam3 import build_sam3_video_model
+    from ..loading.sam3 import build_sam3_video_model
     from ..convert.core import CheckpointMismatchError
 
     try:
@@ -324,7 +324,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
     video = video_refusal = None
     if sam3:
-        from ..build.sam3 import load_sam3_predictor
+        from ..loading.sam3 import load_sam3_predictor
 
         if args.exported is not None:
             raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")

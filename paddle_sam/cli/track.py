@@ -208,7 +208,7 @@ def _track_clicks(args, checkpoint: Path, frames: Any, prompts: list, out: Path)
     start = min(frame for _, frame in groups) if args.start_frame is None else args.start_frame
     _check_start(start, len(frames))
 
-    from ..build.sam3 import load_sam3_tracker
+    from ..loading.sam3 import load_sam3_tracker
 
     t0 = time.perf_counter()
     tracker = load_sam3_tracker(checkpoint)
@@ -272,7 +272,7 @@ def _track_concept(args, checkpoint: Path, frames: Any, text: str, prompts: list
     start = prompt_frame if args.start_frame is None else args.start_frame
     _check_start(max(start, prompt_frame), len(frames))
 
-    from ..build.sam3 import build_sam3_video_predictor
+    from ..loading.sam3 import build_sam3_video_predictor
 
     t0 = time.perf_counter()
     predictor = build_sam3_video_predictor(checkpoint_path=checkpoint)

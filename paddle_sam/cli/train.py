@@ -108,7 +108,7 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     concept scenes (--format concepts: --num-images of --seed, written to a temporary folder)."""
     import tempfile
 
-    from ..build.sam3 import load_sam3_predictor
+    from ..loading.sam3 import load_sam3_predictor
     from ..train.sam3.evaluate import AP_CONFIDENCE_THRESHOLD, evaluate_concepts
 
     args.format = args.format or "coco"

@@ -1,5 +1,5 @@
 """Convert official SAM v1 and SAM 3 checkpoints to ``.pdparams``, and read the weights of a
-checkpoint of either kind for a model (the builders in :mod:`paddle_sam.build` load them).
+checkpoint of either kind for a model (the builders in :mod:`paddle_sam.loading` load them).
 
 ``convert_checkpoint`` reads ``.pth`` / ``.pt`` (zip or legacy) and ``.safetensors`` files
 without torch and without running pickled code, maps every key, transposes Linear weights,

@@ -87,7 +87,7 @@ class EverythingLabeler:
 
             model: Any = StaticSamPredictor(spec.exported)
         else:
-            from ..build.sam_v1 import DEFAULT_MODEL, load_sam
+            from ..loading.sam_v1 import DEFAULT_MODEL, load_sam
 
             model = load_sam(spec.checkpoint or DEFAULT_MODEL, spec.model_type)
         options = {**EVERYTHING_DEFAULTS, **spec.everything}
@@ -127,7 +127,7 @@ class ConceptLabeler:
             )
             self.predictor = Sam3Predictor(processor=processor)
         else:
-            from ..build.sam3 import load_sam3_predictor
+            from ..loading.sam3 import load_sam3_predictor
 
             self.predictor = load_sam3_predictor(
                 spec.checkpoint, spec.bpe, spec.confidence_threshold, interactive=False

@@ -1,6 +1,6 @@
 """The networks, one subpackage per family: :mod:`.sam_v1` (segment-anything) and :mod:`.sam3`
 (sam3), with upstream module and parameter names. Pure layers and their specs: no file I/O,
-nothing else of paddle_sam imported; checkpoints are read one level up (:mod:`paddle_sam.build`).
+nothing else of paddle_sam imported; checkpoints are read one level up (:mod:`paddle_sam.loading`).
 """
 
 from .sam_v1 import (

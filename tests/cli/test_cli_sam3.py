@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from paddle_sam.build.sam3 import load_sam3
+from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family
 from paddle_sam.convert.sam_v1 import random_official_state_dict

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from paddle_sam.build.sam3 import load_sam3_tracker
+from paddle_sam.loading.sam3 import load_sam3_tracker
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from tests.cli.test_cli import assert_user_error, run
@@ -184,7 +184,7 @@ def low_thresholds(monkeypatch, work):
     """The video model as the CLI and the API build it, with the thresholds at 0 and its
     random weights balanced (tests/helpers/server.py: masks that differ and cover part of a
     frame), so that several instances are found and tracked."""
-    from paddle_sam.build import sam3 as build
+    from paddle_sam.loading import sam3 as build
     from paddle_sam.models.sam3.build_sam3 import VIDEO_SETTINGS
     from tests.helpers.server import balance_video_model_
 
@@ -205,7 +205,7 @@ def low_thresholds(monkeypatch, work):
 
 def api_outputs(ckpt, video, requests: list[dict], stream: dict) -> dict[int, dict]:
     """The request API on the same checkpoint and video: ``{frame: outputs}``."""
-    from paddle_sam.build.sam3 import build_sam3_video_predictor
+    from paddle_sam.loading.sam3 import build_sam3_video_predictor
 
     predictor = build_sam3_video_predictor(checkpoint_path=ckpt)
     sid = predictor.handle_request({"type": "start_session", "resource_path": str(video)})[

@@ -18,7 +18,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam.build.sam_v1 import build_sam, load_sam, sam_model_registry
+from paddle_sam.loading.sam_v1 import build_sam, load_sam, sam_model_registry
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import (
     CONVERTER_VERSION,

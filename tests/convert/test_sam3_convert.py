@@ -13,8 +13,8 @@ import paddle
 import pytest
 
 from paddle_sam import cli
-from paddle_sam.build.sam3 import build_sam3_image_model
-from paddle_sam.build.sam_v1 import load_sam
+from paddle_sam.loading.sam3 import build_sam3_image_model
+from paddle_sam.loading.sam_v1 import load_sam
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint, read_sam3_weights
 from paddle_sam.convert.core import (

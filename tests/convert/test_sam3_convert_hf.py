@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from paddle_sam import cli
-from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.loading.sam3 import build_sam3_image_model
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert import sam3_hf
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, read_sam3_weights

@@ -57,7 +57,7 @@ def batch_pair(bpe_path):
     from sam3.model.sam3_image_processor import Sam3Processor as RefProcessor
     from sam3.model.vl_combiner import SAM3VLBackbone
 
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.predict.sam3.processor import Sam3Processor
 
     with tracker_cpu_patches():
@@ -527,7 +527,7 @@ def test_normalize_bbox_and_draw_box(viz, official_viz):
 @pytest.fixture(scope="module")
 def tiny_results():
     """A tiny random SAM 3 image model's results for a text prompt, every query kept."""
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.predict.sam3.processor import Sam3Processor
 
     with warnings.catch_warnings():

@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from paddle_sam.align.sam_v1 import compare
-from paddle_sam.build.sam3 import build_sam3_image_model, load_sam3
+from paddle_sam.loading.sam3 import build_sam3_image_model, load_sam3
 from paddle_sam.convert.core import save_pdparams
 from paddle_sam.deploy.sam3 import StaticSam3Processor
 from paddle_sam.deploy.sam_v1 import ExportFormatError

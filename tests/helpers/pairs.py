@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from paddle_sam.build.sam_v1 import build_sam
+from paddle_sam.loading.sam_v1 import build_sam
 from paddle_sam.models.sam_v1.build_sam import SamSpec
 
 # window 5 on a 16x16 grid: padding in every windowed block; one global block

@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 from PIL import Image
 
-from paddle_sam.build.sam_v1 import build_sam
+from paddle_sam.loading.sam_v1 import build_sam
 
 
 def tiny_model(seed: int = 0):
@@ -63,7 +63,7 @@ def tiny_sam3_model(seed: int = 0, interactive: bool = False):
     with the bundled BPE vocabulary."""
     import warnings
 
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
     from tests.helpers.sam3_ref import tiny_sam3_spec
 
@@ -122,7 +122,7 @@ def tiny_sam3_video_model(seed: int = 0, balance: bool = True, **settings):
     import tempfile
     import warnings
 
-    from paddle_sam.build.sam3 import build_sam3_video_model
+    from paddle_sam.loading.sam3 import build_sam3_video_model
     from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
     from tests.helpers.sam3_ref import tiny_sam3_spec
     from tests.helpers.video import scene, write_frames

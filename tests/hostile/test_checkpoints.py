@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from paddle_sam.build.sam_v1 import DEFAULT_MODEL
+from paddle_sam.loading.sam_v1 import DEFAULT_MODEL
 from tests.helpers.pickles import LEGACY_MAGIC, G, R, dumps, tensor_rec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ import pytest
 from PIL import Image
 
 from paddle_sam import cli
-from paddle_sam.build.sam_v1 import DEFAULT_MODEL
+from paddle_sam.loading.sam_v1 import DEFAULT_MODEL
 
 SEG = "segment {img} --point 5,5 --checkpoint {ckpt}"
 ALL = "everything {img} --quiet --checkpoint {ckpt} -o {tmp}/out"
@@ -113,7 +113,7 @@ def _refuse(what: str):
 @pytest.fixture
 def no_work(monkeypatch):
     """Every model loader and long job fails the test if called."""
-    from paddle_sam.build import sam3, sam_v1
+    from paddle_sam.loading import sam3, sam_v1
     from paddle_sam.convert import checkpoint
     from paddle_sam.train import data, synthetic
 

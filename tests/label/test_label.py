@@ -91,7 +91,7 @@ def test_label_matches_the_generator_image_by_image(dataset, tmp_path):
     from pycocotools.coco import COCO
 
     from paddle_sam import SamAutomaticMaskGenerator
-    from paddle_sam.build.sam_v1 import DEFAULT_MODEL, load_sam
+    from paddle_sam.loading.sam_v1 import DEFAULT_MODEL, load_sam
     from paddle_sam.predict.io import load_image
 
     spec = LabelSpec(mode="everything", everything=OPTIONS)
@@ -248,7 +248,7 @@ def test_label_sam3_concepts(dataset, tmp_path):
 
     from pycocotools import mask as mask_utils
 
-    from paddle_sam.build.sam3 import load_sam3_predictor
+    from paddle_sam.loading.sam3 import load_sam3_predictor
     from paddle_sam.convert import sam3 as conv
     from paddle_sam.convert.checkpoint import convert_checkpoint
     from paddle_sam.predict.io import load_image

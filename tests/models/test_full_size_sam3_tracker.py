@@ -304,7 +304,7 @@ def compare(ref: list[tuple], ours: list[tuple]) -> dict:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, reference_dir):
-    from paddle_sam.build.sam3 import load_sam3_tracker
+    from paddle_sam.loading.sam3 import load_sam3_tracker
     from paddle_sam.convert.checkpoint import convert_checkpoint
 
     pytest.importorskip("torch")

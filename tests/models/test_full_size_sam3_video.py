@@ -213,7 +213,7 @@ def compare(ref: list[dict], ours: list[dict]) -> dict:
 def measured(tmp_path_factory, reference_dir):
     pytest.importorskip("torch")
     pytest.importorskip("sam3")
-    from paddle_sam.build.sam3 import build_sam3_video_predictor
+    from paddle_sam.loading.sam3 import build_sam3_video_predictor
     from paddle_sam.cli import main as cli
     from tests.helpers.sam3_video import reference_patches
     from tests.helpers.video import write_frames

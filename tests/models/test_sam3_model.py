@@ -14,7 +14,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.loading.sam3 import build_sam3_image_model
 from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 from paddle_sam.models.sam3.geometry_encoders import Prompt
 from paddle_sam.models.sam3.sam3_image import FindStage

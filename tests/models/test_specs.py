@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam.build.sam3 import load_sam3
+from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import CheckpointFormatError, read_sidecar, sidecar_path
 from paddle_sam.convert.sam3 import random_released_state_dict

@@ -359,7 +359,7 @@ def test_batched_nms_semantics():
 
 def _have_paddle_sam_stack() -> bool:
     try:
-        from paddle_sam.build.sam_v1 import build_sam  # noqa: F401
+        from paddle_sam.loading.sam_v1 import build_sam  # noqa: F401
         from paddle_sam.predict.sam_v1.predictor import SamPredictor  # noqa: F401
     except ImportError:
         return False

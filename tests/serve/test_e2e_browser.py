@@ -418,7 +418,7 @@ def test_bundled_sam3_text_box_finds_the_star(browser_page):
     """The page with the bundled small SAM 3 (what `paddle-sam serve --model-type sam3` serves
     without a checkpoint), everything local: "star" typed on the example image shows the star,
     IoU >= 0.8 with its ground truth, and nothing else."""
-    from paddle_sam.build.sam3 import DEFAULT_SAM3_MODEL, load_sam3_predictor
+    from paddle_sam.loading.sam3 import DEFAULT_SAM3_MODEL, load_sam3_predictor
     from paddle_sam.train.example import EXAMPLE, concept_check
 
     if not DEFAULT_SAM3_MODEL.is_file():

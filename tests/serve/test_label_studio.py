@@ -438,7 +438,7 @@ def test_clicks_through_label_studio(label_studio):
     """The command line's backend (the bundled default model, basic authentication) connected
     to Label Studio: keypoints and a box sent through Label Studio's interactive annotation;
     its own decoder turns our brush results into the masks the predictor returns."""
-    from paddle_sam.build.sam_v1 import load_sam
+    from paddle_sam.loading.sam_v1 import load_sam
 
     image = scene()
     auth = ("label-studio", "paddle-sam-backend-pass")

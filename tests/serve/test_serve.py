@@ -477,7 +477,7 @@ def test_serve_cli_runs_a_checkpoint(tmp_path, images, bundled):
     bundled default model), binds loopback, serves."""
     import httpx
 
-    from paddle_sam.build.sam_v1 import load_sam
+    from paddle_sam.loading.sam_v1 import load_sam
     from paddle_sam.cli import DEFAULT_MODEL
     from paddle_sam.convert.core import save_pdparams
 

@@ -635,7 +635,7 @@ def test_serve_command_line_video_mode(monkeypatch, tmp_path, capsys):
 
     import uvicorn
 
-    import paddle_sam.build.sam3 as build
+    import paddle_sam.loading.sam3 as build
     import paddle_sam.serve
     from paddle_sam.cli import main
 

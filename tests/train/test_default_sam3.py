@@ -9,7 +9,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from paddle_sam.build.sam3 import DEFAULT_SAM3_MODEL
+from paddle_sam.loading.sam3 import DEFAULT_SAM3_MODEL
 from paddle_sam.cli import main
 from paddle_sam.train.example import EXAMPLE, concept_check
 
@@ -90,7 +90,7 @@ def test_concept_check_needs_every_instance(tmp_path):
 def test_commands_without_a_default_sam3(monkeypatch, tmp_path, capsys):
     """An install without the bundled SAM 3: --text without --checkpoint is a one-line error
     that says how to get one, for every command that takes SAM 3."""
-    import paddle_sam.build.sam3 as build
+    import paddle_sam.loading.sam3 as build
 
     monkeypatch.setattr(build, "DEFAULT_SAM3_MODEL", tmp_path / "missing.pdparams")
     commands = [

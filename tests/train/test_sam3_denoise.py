@@ -14,7 +14,7 @@ pytest.importorskip("scipy")  # the Hungarian matcher
 
 import paddle  # noqa: E402
 
-from paddle_sam.build.sam3 import build_sam3_image_model  # noqa: E402
+from paddle_sam.loading.sam3 import build_sam3_image_model  # noqa: E402
 from paddle_sam.models.sam3.box_ops import box_cxcywh_to_xyxy  # noqa: E402
 from paddle_sam.train.sam3 import step as STEP  # noqa: E402
 from paddle_sam.train.sam3.denoise import make_denoising_queries  # noqa: E402

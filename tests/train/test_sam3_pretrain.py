@@ -9,7 +9,7 @@ import paddle
 import pytest
 import yaml
 
-from paddle_sam.build.sam3 import build_sam3_image_model
+from paddle_sam.loading.sam3 import build_sam3_image_model
 from paddle_sam.train.sam3.init import VISION_PREFIX, load_vision_backbone
 from paddle_sam.train.sam3.pretrain import (
     COLOURS,

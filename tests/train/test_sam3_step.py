@@ -29,7 +29,7 @@ pytest.importorskip("scipy")
 
 import paddle  # noqa: E402
 
-from paddle_sam.build.sam3 import build_sam3_image_model  # noqa: E402
+from paddle_sam.loading.sam3 import build_sam3_image_model  # noqa: E402
 from paddle_sam.models.sam3 import model_misc as MM  # noqa: E402
 from paddle_sam.train.sam3 import lora as LORA  # noqa: E402
 from paddle_sam.train.sam3 import step as STEP  # noqa: E402

@@ -87,7 +87,7 @@ def test_train_run_and_eval(tmp_path, capsys):
     assert meta["format"] == "paddle-sam/sam3" and meta["training"]["steps"] == 4
     assert meta["training"]["recipe"] == f"{path} (4 steps)"
 
-    from paddle_sam.build.sam3 import build_sam3_image_model, load_sam3_predictor
+    from paddle_sam.loading.sam3 import build_sam3_image_model, load_sam3_predictor
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 
     trained = weights(run / "model.pdparams")
@@ -197,7 +197,7 @@ def test_train_from_a_checkpoint(tmp_path):
     first["run"]["model_name"] = "my_concepts"
     assert main(["train", str(write_yaml(tmp_path / "a.yaml", first)), "--quiet"]) == 0
     model = tmp_path / "a" / "run" / "model.pdparams"
-    from paddle_sam.build.sam_v1 import load_sam
+    from paddle_sam.loading.sam_v1 import load_sam
     from paddle_sam.convert.checkpoint import detect_family
 
     assert detect_family(model) == "sam3"  # what the commands pick the family by
@@ -238,7 +238,7 @@ def test_next_stage_at_another_resolution(tmp_path):
     assert Sam3Spec.from_dict(meta["spec"]) == bigger
     assert meta["training"]["recipe"] == [f"{tmp_path / 'a.yaml'} (1 steps)", f"{path} (1 steps)"]
     assert meta["training"]["total_steps"] == 2
-    from paddle_sam.build.sam3 import sam3_spec
+    from paddle_sam.loading.sam3 import sam3_spec
 
     trained = tmp_path / "b" / "run" / "model.pdparams"
     assert sam3_spec(trained, enable_inst_interactivity=False) == bigger  # checked on the weights
@@ -254,7 +254,7 @@ def test_lora_run_exports_plain_weights(tmp_path):
     cfg = tiny_config(tmp_path, model={"lora_rank": 4, "freeze": []}, data={"val": None})
     cfg["train"]["steps"] = 2
     assert main(["train", str(write_yaml(tmp_path / "l.yaml", cfg)), "--quiet"]) == 0
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
     from paddle_sam.train.sam3.lora import DEFAULT_LORA_TARGETS, _matches
 
@@ -287,7 +287,7 @@ def test_layer_decay_matches_upstream(monkeypatch):
     from sam3.model.vitdet import ViT
     from sam3.train.optim.optimizer import layer_decay_param_modifier
 
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.train.sam3.config import Sam3OptimConfig
     from paddle_sam.train.sam3.trainer import lr_scales
 
@@ -329,7 +329,7 @@ def test_layer_decay_matches_upstream(monkeypatch):
 def test_conv_stem_decays_with_the_patch_embedding():
     """The convolutional stem (not in upstream) sits before the patch projection: layer id 0,
     the most decayed learning rate, as the patch embedding's."""
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
     from paddle_sam.train.sam3.config import Sam3OptimConfig
     from paddle_sam.train.sam3.trainer import lr_scales
@@ -425,7 +425,7 @@ def test_config_errors(tmp_path, change, error):
 def test_box_prior_init():
     """Reference boxes on a grid, and a decoder attention bias that is 0 inside each query's
     reference box and negative outside it, falling with the distance, for every head."""
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.train.sam3.init import box_prior_init, grid_boxes
 
     model = build_sam3_image_model(spec=tiny_sam3_spec())
@@ -457,7 +457,7 @@ def test_backbone_init(tmp_path):
     """model.backbone_init sets the vision backbone, and only it, from a file's
     backbone.vision_backbone.* tensors; a missing file, missing keys or other sizes are errors
     naming the file."""
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
     from paddle_sam.train.sam3.init import VISION_PREFIX, load_vision_backbone
 
@@ -500,7 +500,7 @@ def test_conv_stem_batch_norm_follows_the_freezing(tmp_path, frozen):
     """A vision backbone with a ``conv_stem`` (batch norm): frozen, its running statistics stay
     as loaded (the frozen weights were trained with them), though the rest of the model trains;
     trained, they follow the batches."""
-    from paddle_sam.build.sam3 import build_sam3_image_model
+    from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 
     spec = tiny_sam3_spec().to_dict() | {"conv_stem": [[8, 2], [16, 1]]}

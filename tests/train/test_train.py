@@ -215,7 +215,7 @@ def test_short_run_lowers_the_loss_and_writes_its_outputs(tmp_path):
     ev = json.loads((run / "eval.json").read_text())
     assert set(ev) >= {"miou_1click", "miou_3click", "miou_box"}
     # the exported model loads like any converted checkpoint
-    from paddle_sam.build.sam_v1 import load_sam
+    from paddle_sam.loading.sam_v1 import load_sam
 
     sam = load_sam(run / "model.pdparams")
     assert sam.spec.image_size == 64

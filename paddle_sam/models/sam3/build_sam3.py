@@ -1,6 +1,6 @@
 """SAM 3 sizes as a frozen :class:`Sam3Spec` (``SAM3_SPEC`` is the released model) and the image
 model of a spec (upstream: sam3/model_builder.py, without the checkpoint loading, which
-:mod:`paddle_sam.build.sam3` adds).
+:mod:`paddle_sam.loading.sam3` adds).
 """
 
 from __future__ import annotations

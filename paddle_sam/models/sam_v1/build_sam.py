@@ -1,5 +1,5 @@
 """SAM v1 sizes as frozen specs in a registry, and the model of a spec (upstream:
-build_sam.py, without the checkpoint loading, which :mod:`paddle_sam.build.sam_v1` adds).
+build_sam.py, without the checkpoint loading, which :mod:`paddle_sam.loading.sam_v1` adds).
 """
 
 from __future__ import annotations

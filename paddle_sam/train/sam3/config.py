@@ -137,7 +137,7 @@ def model_spec(model: Sam3ModelConfig) -> Any:
     ones; from a checkpoint its sidecar's (checked against its weights), with ``model.spec``'s
     keys over them (e.g. ``image_size``: fine-tuning at another resolution). A bad value is a
     ``ValueError`` naming it."""
-    from ...build.sam3 import sam3_spec
+    from ...loading.sam3 import sam3_spec
     from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
 
     if model.checkpoint is None:

@@ -211,7 +211,7 @@ def pretrain_vision_backbone(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ...build.sam3 import build_sam3_image_model
+    from ...loading.sam3 import build_sam3_image_model
     from ..config import ConfigError, load_config
     from .config import model_spec
 

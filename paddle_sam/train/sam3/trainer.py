@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ...build.sam3 import build_sam3_image_model
+from ...loading.sam3 import build_sam3_image_model
 from ...convert.core import save_pdparams, sidecar_meta
 from ..base import TrainerBase
 from ..data import SkipLog
