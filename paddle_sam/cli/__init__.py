@@ -13,8 +13,9 @@ import sys
 import warnings
 from typing import NoReturn
 
+from ..loading.sam_v1 import DEFAULT_MODEL
 from . import align, convert, everything, export, label, segment, serve, track, train
-from .common import DEFAULT_MODEL, check_bounded
+from .common import check_bounded
 
 MAX_THREADS = 1024
 

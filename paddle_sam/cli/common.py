@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from ..loading.sam_v1 import DEFAULT_MODEL
 from ..models.sam_v1.build_sam import SAM_SPECS
 
 # -- models ------------------------------------------------------------------------------
@@ -36,69 +35,84 @@ def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("
     )
 
 
+def source_of(args: argparse.Namespace, family: str | None = None) -> Any:
+    """The sniffed source (:class:`paddle_sam.loading.Source`) of --checkpoint / --exported /
+    --model-type, or the bundled model of ``family`` (with a notice on stderr). Where the
+    files cannot tell the family, the prompts decide: --text means SAM 3."""
+    from ..loading import bundled_notice, resolve
+
+    exported = getattr(args, "exported", None)
+    checkpoint = getattr(args, "checkpoint", None)
+    model_type = getattr(args, "model_type", None)
+    source = resolve(checkpoint, exported, model_type, family=family)
+    if source.family is None and family is None:
+        guess = "sam3" if getattr(args, "text", None) is not None else "sam_v1"
+        source = resolve(checkpoint, exported, model_type, family=guess)
+    notice = bundled_notice(source)
+    if notice is not None:
+        print(f"note: no --checkpoint given, {notice}", file=sys.stderr)
+    return source
+
+
 def load_model(args: argparse.Namespace) -> Any:
     """The SAM v1 model of --checkpoint, or the bundled default synthetic model (with a
     notice)."""
-    from ..loading.sam_v1 import load_sam
+    from ..loading import load_model as load
 
-    if args.checkpoint is None:
-        if args.model_type not in (None, "vit_tiny_synthetic"):
-            raise ValueError(
-                f"--model-type {args.model_type} needs --checkpoint FILE (converted official "
-                "weights: 'paddle-sam convert'); only the default synthetic model is bundled"
-            )
-        print(
-            f"note: no --checkpoint given, using the default synthetic model "
-            f"({DEFAULT_MODEL.name}, a small SAM trained on generated shapes only; real "
-            "images need converted official weights: paddle-sam convert)",
-            file=sys.stderr,
+    return load(_sam_v1_source(args), model_type=args.model_type)
+
+
+def image_predictor(args: argparse.Namespace, family: str, **options: Any) -> Any:
+    """The image predictor of the command's --checkpoint (or bundled model) of ``family``
+    (:func:`paddle_sam.loading.load_image_predictor`, ``options`` passed on)."""
+    from ..loading import load_image_predictor
+
+    if family == "sam_v1":
+        return load_image_predictor(_sam_v1_source(args), model_type=args.model_type, **options)
+    return load_image_predictor(source_of(args, family), **options)
+
+
+def _sam_v1_source(args: argparse.Namespace) -> Any:
+    if args.checkpoint is None and args.model_type not in (None, "vit_tiny_synthetic"):
+        raise ValueError(
+            f"--model-type {args.model_type} needs --checkpoint FILE (converted official "
+            "weights: 'paddle-sam convert'); only the default synthetic model is bundled"
         )
-        return load_sam(DEFAULT_MODEL)
-    return load_sam(args.checkpoint, args.model_type)
+    source = source_of(args, "sam_v1")
+    if source.family == "sam3":
+        raise ValueError(
+            f"{source.path} is a SAM 3 model: this command runs SAM v1 (use --model-type sam3 "
+            "where the command takes it)"
+        )
+    return source
 
 
 def sam3_checkpoint(args: argparse.Namespace) -> str | Path:
     """--checkpoint of a SAM 3 command, or the bundled small SAM 3 (with a notice)."""
-    from ..loading.sam3 import DEFAULT_SAM3_MODEL
-
     if args.checkpoint is not None:
         return args.checkpoint
-    if not DEFAULT_SAM3_MODEL.is_file():
-        raise ValueError(
-            f"no --checkpoint given, and this install has no default SAM 3 "
-            f"({DEFAULT_SAM3_MODEL.name}: make train-sam3-default trains it); convert the "
-            "official sam3.pt with 'paddle-sam convert' and pass --checkpoint FILE"
-        )
-    print(
-        f"note: no --checkpoint given, using the default SAM 3 ({DEFAULT_SAM3_MODEL.name}, "
-        "a small SAM 3 trained on synthetic concept scenes only: it knows their 30 phrases, "
-        "such as 'red star' or 'ring', and nothing else; real images need the official "
-        "sam3.pt: paddle-sam convert)",
-        file=sys.stderr,
-    )
-    return DEFAULT_SAM3_MODEL
+    return source_of(args, "sam3").path
 
 
 def family(args: argparse.Namespace) -> str:
-    """``"sam_v1"`` or ``"sam3"``: from --model-type, else from the --exported folder's
-    manifest, else from the checkpoint (a missing file is left to the loader's error), else
-    (a file that cannot tell cheaply) from the prompts: --text means SAM 3."""
+    """``"sam_v1"`` or ``"sam3"``: from --model-type, else from what the --exported folder or
+    the --checkpoint holds (:func:`paddle_sam.loading.sniff`; a missing file is left to the
+    loader's error), else (a file that cannot tell cheaply) from the prompts: --text means
+    SAM 3."""
+    from ..loading import family_of_model_type, sniff
+
     model_type = getattr(args, "model_type", None)
     if model_type is not None:
-        return "sam3" if model_type == "sam3" else "sam_v1"
+        return family_of_model_type(model_type) or "sam_v1"
     exported = getattr(args, "exported", None)
     if exported is not None:
-        from ..deploy.sam_v1 import peek_format
-        from ..export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
-
         if not Path(exported).is_dir():
             raise FileNotFoundError(f"export folder not found: {exported}")
-        return "sam3" if peek_format(exported) == SAM3_FORMAT else "sam_v1"
+        found = sniff(exported).family
+        return found or "sam_v1"
     checkpoint = getattr(args, "checkpoint", None)
-    if checkpoint is not None and Path(checkpoint).is_file():
-        from ..convert.checkpoint import detect_family
-
-        found = detect_family(checkpoint)
+    if checkpoint is not None and Path(checkpoint).exists():
+        found = sniff(checkpoint).family
         if found is not None:
             return found
     return "sam3" if getattr(args, "text", None) is not None else "sam_v1"
@@ -130,34 +144,17 @@ def exported_predictor(
     bpe: str | None = None,
     precision: str = "fp32",
 ) -> Any:
-    """The runtime of an export folder: SAM v1 on Paddle Inference (onnxruntime for an ONNX
-    export); SAM 3 a ``Sam3Predictor`` over the exported programs (text and boxes), with
-    ``confidence_threshold`` and the BPE vocabulary ``bpe``. ``precision`` "bf16": SAM v1 on
-    Paddle Inference only (``StaticSamPredictor``)."""
-    from ..deploy.sam_v1 import StaticSamPredictor, peek_format
-    from ..export.onnx import ONNX_FORMAT
-    from ..export.sam3 import EXPORT_FORMAT as SAM3_FORMAT
+    """The runtime of an export folder (:func:`paddle_sam.loading.load_image_predictor`):
+    SAM v1 on Paddle Inference or onnxruntime, SAM 3 a ``Sam3Predictor`` over the exported
+    programs (text and boxes)."""
+    from ..loading import load_image_predictor, resolve
 
-    kind = peek_format(export_dir)
-    if precision != "fp32" and kind in (SAM3_FORMAT, ONNX_FORMAT):
-        raise ValueError(
-            f"--precision {precision}: only SAM v1 exports on Paddle Inference run in "
-            f"{precision}; {export_dir} is {'SAM 3' if kind == SAM3_FORMAT else 'ONNX'}"
-        )
-    if kind == SAM3_FORMAT:
-        from ..deploy.sam3 import StaticSam3Processor
-        from ..predict.sam3.predictor import Sam3Predictor
-
-        processor = StaticSam3Processor(
-            export_dir, confidence_threshold=confidence_threshold, bpe_path=bpe
-        )
-        return Sam3Predictor(processor=processor)
-    if kind == ONNX_FORMAT:
-        from ..deploy.onnx import OnnxSamPredictor
-
-        return OnnxSamPredictor(export_dir)
-    # with its own clear errors for anything else
-    return StaticSamPredictor(export_dir, precision=precision)
+    return load_image_predictor(
+        resolve(exported=export_dir),
+        confidence_threshold=confidence_threshold,
+        bpe=bpe,
+        precision=precision,
+    )
 
 
 def check_one_source(args: argparse.Namespace) -> None:

@@ -7,12 +7,11 @@ import time
 from pathlib import Path
 
 from .common import (
-    DEFAULT_MODEL,
     add_model_args,
     check_out_folder,
     family,
     load_model,
-    sam3_checkpoint,
+    source_of,
 )
 
 # the ONNX-only options: (attribute, flag); set on a PIR export they are refused
@@ -46,8 +45,8 @@ def _check_onnx_options(args: argparse.Namespace) -> dict:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..convert.core import read_sidecar
     from ..export.sam_v1 import MANIFEST
+    from ..loading import resolve
 
     check_out_folder(args.output)  # before the (slow) model load
     if (Path(args.output) / MANIFEST).exists() and not args.overwrite:
@@ -68,8 +67,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             _quantizer()
     else:
         from ..export.sam_v1 import export_sam as export
-    sam = load_model(args)
-    meta = read_sidecar(args.checkpoint or DEFAULT_MODEL) or {}
+    sam = load_model(args)  # the bundled model with its notice when no --checkpoint
+    meta = resolve(args.checkpoint, None, args.model_type, family="sam_v1").meta
     t = time.perf_counter()
     manifest = export(
         sam,
@@ -89,16 +88,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_sam3(args: argparse.Namespace) -> int:
     """``export`` of a SAM 3 checkpoint: backbone, text encoder and prompt decoder."""
-    from ..loading.sam3 import load_sam3
-    from ..convert.core import read_sidecar
     from ..export.sam3 import export_sam3
+    from ..loading import load_model as load
 
     if args.format != "pir":
         raise ValueError("SAM 3 exports to PIR programs only (--format pir)")
     _check_onnx_options(args)
-    args.checkpoint = sam3_checkpoint(args)
-    model = load_sam3(args.checkpoint)
-    meta = read_sidecar(args.checkpoint) or {}
+    source = source_of(args, "sam3")
+    model = load(source)
+    meta = source.meta
     t = time.perf_counter()
     export_sam3(
         model,

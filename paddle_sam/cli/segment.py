@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..loading.sam_v1 import DEFAULT_MODEL
 from .common import (
-    DEFAULT_MODEL,
     add_model_args,
     add_precision_arg,
     check_one_source,
@@ -20,7 +20,7 @@ from .common import (
     check_prompts,
     exported_predictor,
     family,
-    load_model,
+    image_predictor,
     parse_box,
     parse_confidence_threshold,
     parse_point,
@@ -39,7 +39,6 @@ NO_SAM3_CHECKPOINT = (
 
 def cmd_segment(args: argparse.Namespace) -> int:
     from ..predict.io import overlay, save_mask_png
-    from ..predict.sam_v1.predictor import SamPredictor
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {args.checkpoint}")
@@ -79,14 +78,12 @@ def cmd_segment(args: argparse.Namespace) -> int:
     prepare_out(out, names, args.overwrite)
 
     if kind == "sam3":
-        from ..loading.sam3 import load_sam3_predictor
-
-        predictor = load_sam3_predictor(args.checkpoint, args.bpe, interactive=True)
+        predictor = image_predictor(args, "sam3", bpe=args.bpe, clicks=True)
     elif args.exported is not None:
         check_one_source(args)
         predictor = exported_predictor(args.exported, precision=args.precision)
     else:
-        predictor = SamPredictor(load_model(args))
+        predictor = image_predictor(args, "sam_v1")
     if multimask and getattr(predictor, "return_single_mask", False):
         if args.multimask:
             raise ValueError(
@@ -137,7 +134,6 @@ def cmd_segment(args: argparse.Namespace) -> int:
 def _check_sam3_clicks(args: argparse.Namespace) -> None:
     """--point with a SAM 3 checkpoint: SAM v1 style clicks through ``predict_inst``, which
     needs the tracker weights (``tracker.*`` of the released sam3.pt)."""
-    from ..convert.core import read_sidecar
 
     if args.text is not None:
         raise ValueError(
@@ -151,8 +147,9 @@ def _check_sam3_clicks(args: argparse.Namespace) -> None:
         )
     if args.checkpoint is None:
         raise ValueError(NO_SAM3_CHECKPOINT)
-    meta = read_sidecar(args.checkpoint) or {}
-    if meta.get("interactive") is False:
+    from ..loading import sniff
+
+    if sniff(args.checkpoint, "sam3").lacks("clicks"):
         raise ValueError(
             f"--point with SAM 3 needs the tracker's prompt encoder and mask decoder "
             f"(tracker.* in the released sam3.pt); {args.checkpoint} was converted from a file "
@@ -163,7 +160,6 @@ def _check_sam3_clicks(args: argparse.Namespace) -> None:
 def _segment_sam3(args: argparse.Namespace) -> int:
     """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
     boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
-    from ..loading.sam3 import load_sam3_predictor
     from ..predict.io import coco_rle, overlay
 
     check_one_source(args)
@@ -186,7 +182,9 @@ def _segment_sam3(args: argparse.Namespace) -> int:
         predictor = exported_predictor(args.exported, threshold, args.bpe)
     else:
         args.checkpoint = sam3_checkpoint(args)
-        predictor = load_sam3_predictor(args.checkpoint, args.bpe, threshold, interactive=False)
+        predictor = image_predictor(
+            args, "sam3", bpe=args.bpe, confidence_threshold=threshold, clicks=False
+        )
     t_load = time.perf_counter() - t
     t = time.perf_counter()
     predictor.set_image(image)

@@ -26,11 +26,12 @@ from .common import (
     add_precision_arg,
     check_one_source,
     check_precision,
+    exported_predictor,
     family,
-    load_model,
+    image_predictor,
     parse_confidence_threshold,
     positive,
-    sam3_checkpoint,
+    source_of,
 )
 
 LS_URL_ENV = "LABEL_STUDIO_URL"
@@ -224,49 +225,30 @@ def _exposure_warning(host: str, port: int, token: str | None) -> str | None:
     )
 
 
-def _video_refusal(args: argparse.Namespace) -> str | None:
-    """Why a SAM 3 ``--checkpoint`` gets no video mode, or None when it has the tracker."""
-    from pathlib import Path
+def _sam3_models(args: argparse.Namespace) -> tuple[object, object | None, str | None]:
+    """SAM 3's image predictor, video predictor (or None) and why there is no video mode: one
+    copy of the weights when the checkpoint has the video tracker (the video model's detector,
+    with the tracker's heads for clicks, serves the image page)."""
+    from ..loading import image_predictor_of_video, load_image_predictor, video_predictor_or_refusal
 
-    from ..convert import sam3_hf
-    from ..convert.core import read_sidecar
-
+    if args.exported is not None:
+        raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
+    source = source_of(args, "sam3")
     if args.no_video:
-        return "the video mode is off on this server (paddle-sam serve --no-video)"
-    path = Path(args.checkpoint)
-    if sam3_hf.is_hf_source(path) or path.suffix.lower() == ".safetensors":
-        return (
-            "this server's SAM 3 checkpoint is in the HF transformers layout, which has no "
-            "tracker weights: the video mode needs the released sam3.pt (or a .pdparams "
-            "converted from it)"
-        )
-    meta = (read_sidecar(path) if path.is_file() else None) or {}
-    if meta.get("interactive") is False:
-        return (
-            f"this server's SAM 3 checkpoint ({path.name}) has no tracker weights (converted "
-            "without the tracker, or trained as an image model): the video mode needs the full "
-            "released sam3.pt converted"
-        )
-    return None
-
-
-def _video_model(args: argparse.Namespace) -> tuple[object | None, str | None]:
-    """SAM 3's video model of ``--checkpoint``, or None and why not: a checkpoint whose
-    tracker part holds only the heads that clicks on images need (no memory encoder or
-    memory attention), or sizes the tracker is not built for, serves images only."""
-    from ..loading.sam3 import build_sam3_video_model
-    from ..convert.core import CheckpointMismatchError
-
-    try:
-        return build_sam3_video_model(checkpoint_path=args.checkpoint, bpe_path=args.bpe), None
-    except CheckpointMismatchError as exc:
-        why = f"its tracker weights do not make SAM 3's video tracker ({exc})"
-    except ValueError as exc:
-        if "d_model" not in str(exc):
-            raise
-        why = str(exc)
-    print(f"paddle-sam serve: note: no video mode: {why}", file=sys.stderr)
-    return None, f"this server's SAM 3 checkpoint has no video mode: {why}"
+        video, why = None, "the video mode is off on this server (paddle-sam serve --no-video)"
+    elif args.label_studio:
+        video, why = None, "no video mode with --label-studio"
+    else:
+        video, why = video_predictor_or_refusal(source, bpe=args.bpe)
+        if video is None and not source.lacks("video"):  # the tracker failed to build
+            print(f"paddle-sam serve: note: no video mode: {why}", file=sys.stderr)
+            why = f"this server's SAM 3 checkpoint has no video mode: {why}"
+    if video is not None:
+        return image_predictor_of_video(video, args.confidence_threshold), video, None
+    image = load_image_predictor(
+        source, bpe=args.bpe, confidence_threshold=args.confidence_threshold
+    )
+    return image, None, why
 
 
 def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
@@ -324,34 +306,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
     video = video_refusal = None
     if sam3:
-        from ..loading.sam3 import load_sam3_predictor
-
-        if args.exported is not None:
-            raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
-        args.checkpoint = sam3_checkpoint(args)
-        video_refusal = (
-            "no video mode with --label-studio" if args.label_studio else _video_refusal(args)
-        )
-        if video_refusal is None:
-            video, video_refusal = _video_model(args)
-        if video is not None:
-            # one copy of the weights: the video model's detector (with the tracker's heads
-            # for clicks) serves the image page
-            from ..predict.sam3.predictor import Sam3Predictor
-            from ..serve.app import image_model_of
-
-            model = Sam3Predictor(
-                image_model_of(video), confidence_threshold=args.confidence_threshold
-            )
-        else:
-            model = load_sam3_predictor(args.checkpoint, args.bpe, args.confidence_threshold)
+        model, video, video_refusal = _sam3_models(args)
     elif args.exported is not None:
-        from ..deploy import StaticSamPredictor
-
         check_one_source(args)
-        model = StaticSamPredictor(args.exported, precision=args.precision)
+        model = exported_predictor(args.exported, precision=args.precision)
     else:
-        model = load_model(args)
+        model = image_predictor(args, "sam_v1")
     common = {
         "model_type": args.model_type,
         "memory_budget_mb": args.memory_budget_mb,

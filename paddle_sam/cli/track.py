@@ -103,26 +103,25 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
             shutil.rmtree(masks)
 
 
-def _checkpoint(args: argparse.Namespace) -> tuple[Path, dict]:
-    from ..convert.core import read_sidecar, sidecar_family
+def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict]:
+    """The sniffed --checkpoint (:func:`paddle_sam.loading.sniff`) and its sidecar; refused
+    before any video is read when it cannot track."""
+    from ..loading import sniff
 
     if args.checkpoint is None:
         raise ValueError(
             "--checkpoint is required: a SAM 3 .pdparams converted from the released sam3.pt "
             "(with its tracker), or sam3.pt itself"
         )
-    checkpoint = Path(args.checkpoint)
-    if not checkpoint.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
-    meta = read_sidecar(checkpoint) or {}
-    if sidecar_family(meta) == "sam_v1":
-        raise ValueError(f"{checkpoint} is a SAM v1 model; tracking needs a SAM 3 checkpoint")
-    if meta.get("interactive") is False:
+    source = sniff(args.checkpoint, "sam3")
+    if source.family == "sam_v1":
+        raise ValueError(f"{source.path} is a SAM v1 model; tracking needs a SAM 3 checkpoint")
+    if source.layout == "pdparams" and source.lacks("video"):
         raise ValueError(
-            f"{checkpoint} was converted without the tracker (tracker.* of sam3.pt); convert "
+            f"{source.path} was converted without the tracker (tracker.* of sam3.pt); convert "
             "the full released sam3.pt"
         )
-    return checkpoint, meta
+    return source, source.meta
 
 
 def _directions(
@@ -203,15 +202,15 @@ def cmd_track(args: argparse.Namespace) -> int:
     return _track_concept(args, checkpoint, frames, text.strip(), prompts, out)
 
 
-def _track_clicks(args, checkpoint: Path, frames: Any, prompts: list, out: Path) -> int:
+def _track_clicks(args, checkpoint: Any, frames: Any, prompts: list, out: Path) -> int:
     groups = _group(prompts, len(frames), frames.height, frames.width)
     start = min(frame for _, frame in groups) if args.start_frame is None else args.start_frame
     _check_start(start, len(frames))
 
-    from ..loading.sam3 import load_sam3_tracker
+    from ..loading import load_video_predictor
 
     t0 = time.perf_counter()
-    tracker = load_sam3_tracker(checkpoint)
+    tracker = load_video_predictor(checkpoint, kind="tracker")
     t_load = time.perf_counter() - t0
     state = tracker.init_state(video_path=frames)
     for (obj_id, frame), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -246,7 +245,7 @@ def _track_clicks(args, checkpoint: Path, frames: Any, prompts: list, out: Path)
     return 0
 
 
-def _track_concept(args, checkpoint: Path, frames: Any, text: str, prompts: list, out: Path) -> int:
+def _track_concept(args, checkpoint: Any, frames: Any, text: str, prompts: list, out: Path) -> int:
     """Every instance of ``text`` (and of the exemplar ``--box``es) through the video with
     the dense video model, through its request API."""
     height, width = frames.height, frames.width
@@ -272,10 +271,10 @@ def _track_concept(args, checkpoint: Path, frames: Any, text: str, prompts: list
     start = prompt_frame if args.start_frame is None else args.start_frame
     _check_start(max(start, prompt_frame), len(frames))
 
-    from ..loading.sam3 import build_sam3_video_predictor
+    from ..loading import load_video_predictor
 
     t0 = time.perf_counter()
-    predictor = build_sam3_video_predictor(checkpoint_path=checkpoint)
+    predictor = load_video_predictor(checkpoint)
     t_load = time.perf_counter() - t0
     session = predictor.handle_request({"type": "start_session", "resource_path": frames})
     sid = session["session_id"]

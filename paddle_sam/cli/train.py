@@ -15,6 +15,7 @@ from .common import (
     check_out_file,
     check_out_folder,
     family,
+    image_predictor,
     load_model,
     parse_confidence_threshold,
     parse_seed,
@@ -108,7 +109,6 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     concept scenes (--format concepts: --num-images of --seed, written to a temporary folder)."""
     import tempfile
 
-    from ..loading.sam3 import load_sam3_predictor
     from ..train.sam3.evaluate import AP_CONFIDENCE_THRESHOLD, evaluate_concepts
 
     args.format = args.format or "coco"
@@ -119,8 +119,8 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     if args.confidence_threshold is None:
         args.confidence_threshold = AP_CONFIDENCE_THRESHOLD
     args.checkpoint = sam3_checkpoint(args)
-    predictor = load_sam3_predictor(
-        args.checkpoint, confidence_threshold=args.confidence_threshold, interactive=False
+    predictor = image_predictor(
+        args, "sam3", confidence_threshold=args.confidence_threshold, clicks=False
     )
     with tempfile.TemporaryDirectory(prefix="paddle-sam-eval-") as tmp:
         data, images, n = args.data, args.images, args.num_images

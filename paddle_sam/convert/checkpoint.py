@@ -32,15 +32,14 @@ from .core import (
     model_shapes,
     pdparams_shapes,
     read_pdparams,
-    read_sidecar,
     save_pdparams,
     sha256_file,
-    sidecar_family,
     sidecar_meta,
     sidecar_path,
     sidecar_spec,
 )
-from .torch_reader import load_state_dict, load_tensor_shapes, read_zip_pickle
+from .source import sniff
+from .torch_reader import load_state_dict, load_tensor_shapes
 
 
 def resolve_spec(model_type: str | None, state_dict: dict | None = None) -> tuple[str, SamSpec]:
@@ -86,9 +85,8 @@ def convert_checkpoint(
     overwrite ``dst`` unless ``overwrite``. Returns the sidecar metadata written next to ``dst``.
     """
     src, dst = Path(src), Path(dst)
+    source = sniff(src)  # what the file is, read once; FileNotFoundError when missing
     hf_source = sam3_hf.is_hf_source(src)
-    if not (src.is_file() or hf_source and src.exists()):
-        raise FileNotFoundError(f"checkpoint not found: {src}")
     if dst.suffix != PADDLE_SUFFIX:
         raise ValueError(f"output must end in {PADDLE_SUFFIX}: {dst}")
     if dst.resolve() == src.resolve():
@@ -109,10 +107,15 @@ def convert_checkpoint(
             )
     else:
         state = load_state_dict(src, progress=progress)
-    looks_sam3 = sam3.is_sam3_checkpoint(state) or sam3_hf.is_hf_sam3_layout(state)
+    if source.family is None:  # a legacy pickle: its key names only now
+        hf_sam3 = sam3_hf.is_hf_sam3_layout(state)
+        looks_sam3 = hf_sam3 or sam3.is_sam3_checkpoint(state)
+    else:
+        looks_sam3 = source.family == "sam3"
+        hf_sam3 = looks_sam3 and source.layout == "hf"
     wants_sam3 = model_type == "sam3" or (spec is not None and not isinstance(spec, SamSpec))
     if wants_sam3 or (looks_sam3 and model_type is None and spec is None):
-        return _convert_sam3(src, dst, state, model_type, spec, progress)
+        return _convert_sam3(src, dst, state, model_type, spec, progress, hf=hf_sam3)
     if looks_sam3:
         raise CheckpointMismatchError(
             f"--model-type {model_type} does not match the checkpoint, which looks like sam3"
@@ -136,7 +139,14 @@ def convert_checkpoint(
 
 
 def _convert_sam3(
-    src: Path, dst: Path, state: dict, model_type: str | None, spec: Any, progress: bool
+    src: Path,
+    dst: Path,
+    state: dict,
+    model_type: str | None,
+    spec: Any,
+    progress: bool,
+    *,
+    hf: bool,
 ) -> dict:
     """SAM 3 (``detector.*`` / ``tracker.*``, or the HF layout mapped to it first): convert
     every key, check the image model's part (and, when the file has ``tracker.*`` keys, the
@@ -146,7 +156,7 @@ def _convert_sam3(
         raise ValueError(f"model type {model_type!r} and spec {spec!r} do not describe SAM 3")
     spec = SAM3_SPEC if spec is None else spec
     layout, dropped = "official", {}
-    if sam3_hf.is_hf_sam3_layout(state):
+    if hf:
         layout = "hf"
         for reason in sam3_hf.dropped_keys(state).values():
             dropped[reason] = dropped.get(reason, 0) + 1
@@ -245,43 +255,12 @@ def read_sam3_tracker_weights(
 
 
 def detect_family(checkpoint: str | os.PathLike) -> str | None:
-    """``"sam3"``, ``"sam_v1"`` or None (cannot tell cheaply) for a checkpoint file.
-
-    From the sidecar of a converted file; for official files from their key names without
-    reading the weights: the pickle of a zip ``.pt`` / ``.pth`` (scanned as bytes, never
-    unpickled) or the header of a ``.safetensors``. Legacy (non-zip) pickles and ``.pdparams``
-    without a sidecar give None."""
+    """``"sam3"``, ``"sam_v1"`` or None (cannot tell cheaply) for a checkpoint file: the
+    family :func:`~.source.sniff` finds (a sidecar, or key names read without the weights)."""
     path = Path(checkpoint)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    family = sidecar_family(read_sidecar(path))
-    if family is not None:
-        return family
-    if path.suffix == PADDLE_SUFFIX:
-        return None
-    needle = sam3.DETECTOR_PREFIX + "backbone."
-    hf_needle = b'"vision_encoder.backbone.'  # HF Sam3Model (SAM v1's HF keys lack "backbone")
-    hf_video_needle = b'"' + sam3_hf.HF_DETECTOR_PREFIX.encode() + b"vision_encoder.backbone."
-    try:
-        with open(path, "rb") as f:
-            is_zip = f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
-        if is_zip:  # the pickle's size is capped: a zip bomb is left to the loader's error
-            pickle_bytes = read_zip_pickle(path)
-            if pickle_bytes is None:
-                return None
-            return "sam3" if needle.encode() in pickle_bytes else "sam_v1"
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) == 8:
-                n = int.from_bytes(head, "little")
-                if 2 <= n <= (100 << 20):
-                    header = f.read(n)
-                    if header[:1] == b"{":
-                        sam3_keys = (needle.encode(), hf_needle, hf_video_needle)
-                        return "sam3" if any(n in header for n in sam3_keys) else "sam_v1"
-    except OSError:
-        return None
-    return None
+    return sniff(path).family
 
 
 # ------------------------------------------------------------------- sidecar check

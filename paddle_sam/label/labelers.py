@@ -45,6 +45,13 @@ class LabelSpec:
     def from_dict(cls, d: dict[str, Any]) -> LabelSpec:
         return cls(**{**d, "prompts": tuple(d.get("prompts", ()))})
 
+    def source(self, family: str) -> Any:
+        """The model source: the export folder, the checkpoint or the bundled model of
+        ``family`` (:func:`paddle_sam.loading.resolve`)."""
+        from ..loading import resolve
+
+        return resolve(self.checkpoint, self.exported, self.model_type, family=family)
+
     def categories(self) -> list[dict[str, Any]]:
         """COCO categories: one "object" for automatic masks, one per prompt for concepts."""
         if self.mode == "everything":
@@ -80,16 +87,15 @@ class EverythingLabeler:
     """SAM v1's automatic mask generator (dynamic model or Paddle Inference export)."""
 
     def __init__(self, spec: LabelSpec) -> None:
+        from ..loading import load_image_predictor
         from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
-        if spec.exported is not None:
-            from ..deploy.sam_v1 import StaticSamPredictor
-
-            model: Any = StaticSamPredictor(spec.exported)
-        else:
-            from ..loading.sam_v1 import DEFAULT_MODEL, load_sam
-
-            model = load_sam(spec.checkpoint or DEFAULT_MODEL, spec.model_type)
+        model = load_image_predictor(spec.source("sam_v1"), model_type=spec.model_type)
+        if not hasattr(model, "predict_point_grid"):
+            raise ValueError(
+                f"--exported {spec.exported}: --everything runs on a Paddle Inference export of "
+                "SAM v1 (paddle-sam export --format pir), not on this one"
+            )
         options = {**EVERYTHING_DEFAULTS, **spec.everything}
         self.generator = SamAutomaticMaskGenerator(model, output_mode="binary_mask", **options)
 
@@ -116,22 +122,14 @@ class ConceptLabeler:
     embedded once and each prompt reruns the heads only."""
 
     def __init__(self, spec: LabelSpec) -> None:
-        if spec.exported is not None:
-            from ..deploy.sam3 import StaticSam3Processor
-            from ..predict.sam3.predictor import Sam3Predictor
+        from ..loading import load_image_predictor
 
-            processor = StaticSam3Processor(
-                spec.exported,
-                confidence_threshold=spec.confidence_threshold,
-                bpe_path=spec.bpe,
-            )
-            self.predictor = Sam3Predictor(processor=processor)
-        else:
-            from ..loading.sam3 import load_sam3_predictor
-
-            self.predictor = load_sam3_predictor(
-                spec.checkpoint, spec.bpe, spec.confidence_threshold, interactive=False
-            )
+        self.predictor = load_image_predictor(
+            spec.source("sam3"),
+            bpe=spec.bpe,
+            confidence_threshold=spec.confidence_threshold,
+            clicks=False,
+        )
         self.prompts = spec.prompts
 
     def label(self, image: np.ndarray) -> list[dict]:

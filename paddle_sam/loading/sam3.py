@@ -19,6 +19,7 @@ from ..convert.checkpoint import (
     read_sam3_weights,
 )
 from ..convert.core import declared_parameters, load_state_strict, read_sidecar, sidecar_family
+from ..convert.source import sniff
 from ..models.sam3.build_sam3 import (
     SAM3_SPEC,
     Sam3Spec,
@@ -257,7 +258,7 @@ def load_sam3_predictor(
     sidecar) as a ``Sam3Predictor``. ``interactive``: build the interactive predictor for
     clicks; by default unless the file was converted without the tracker's weights."""
     if interactive is None:
-        interactive = (read_sidecar(checkpoint) or {}).get("interactive", True) is not False
+        interactive = "clicks" in sniff(checkpoint, "sam3").parts
     model = load_sam3(checkpoint, bpe_path=bpe_path, enable_inst_interactivity=interactive)
     return Sam3Predictor(model, confidence_threshold=confidence_threshold)
 

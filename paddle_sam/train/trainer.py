@@ -17,8 +17,8 @@ import paddle
 import paddle.nn.functional as F
 from PIL import Image
 
-from ..loading.sam_v1 import build_sam, load_sam_weights
 from ..convert.core import save_pdparams, sidecar_meta
+from ..loading.sam_v1 import build_sam, load_sam_weights
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from ..predict.sam_v1.transforms import ResizeLongestSide
 from .base import TrainerBase

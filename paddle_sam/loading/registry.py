@@ -1,0 +1,461 @@
+"""One place that turns a source into a model or a predictor.
+
+A source (a checkpoint file, an HF folder, a ``paddle-sam export`` folder, or the bundled model
+of a family) is sniffed once into a :class:`~paddle_sam.convert.source.Source`; then one
+function each gives its model (:func:`load_model`), its image predictor
+(:func:`load_image_predictor`) and its video predictor (:func:`load_video_predictor`), or a
+:class:`SourceRefused` naming what the source lacks. The CLI, the service, the labeller and the
+Label Studio backend all go through here; none of them inspects files or wraps models itself.
+
+Families and export runtimes are entries of two small registries (:data:`FAMILIES`,
+:data:`RUNTIMES`): a new family or runtime is one entry here, not edits in every command.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..convert.source import Source, sniff
+from ..models.sam_v1.build_sam import SAM_SPECS
+from .sam3 import DEFAULT_SAM3_MODEL
+from .sam_v1 import DEFAULT_MODEL
+
+
+class SourceRefused(ValueError):
+    """A source that cannot do what was asked (a SAM v1 file for text prompts, a SAM 3 file
+    converted without its tracker for video ...): the message names what it lacks."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: its names, its bundled model and how to load each of its parts.
+
+    ``load_model(source, options)`` returns the dynamic model; ``image_predictor(model,
+    options)`` wraps one; ``video_predictor(source, options)`` builds the video predictor
+    (None: the family has no video). ``owns(obj)`` tells whether a model object is of this
+    family, for :func:`as_image_predictor`."""
+
+    name: str
+    title: str
+    model_types: tuple[str, ...]
+    default: Path
+    default_name: str
+    default_notice: str
+    recipe: str
+    load_model: Callable[[Source, dict], Any]
+    image_predictor: Callable[[Any, dict], Any]
+    owns: Callable[[Any], bool]
+    is_predictor: Callable[[Any], bool]
+    video_predictor: Callable[[Source, dict], Any] | None = None
+
+
+# -- SAM v1 ------------------------------------------------------------------------------
+
+
+def _sam_v1_model(source: Source, options: dict) -> Any:
+    from .sam_v1 import load_sam
+
+    return load_sam(source.path, options.get("model_type"))
+
+
+def _sam_v1_predictor(model: Any, options: dict) -> Any:
+    from ..predict.sam_v1.predictor import SamPredictor
+
+    return SamPredictor(model)
+
+
+def _sam_v1_owns(obj: Any) -> bool:
+    from ..models.sam_v1.sam import Sam
+
+    return isinstance(obj, Sam)
+
+
+def _sam_v1_is_predictor(obj: Any) -> bool:
+    from ..predict.sam_v1.predictor import PredictorBase
+
+    return isinstance(obj, PredictorBase)
+
+
+# -- SAM 3 -------------------------------------------------------------------------------
+
+
+def _sam3_model(source: Source, options: dict) -> Any:
+    from .sam3 import load_sam3
+
+    return load_sam3(
+        source.path,
+        bpe_path=options.get("bpe"),
+        enable_inst_interactivity=options.get("clicks", False),
+    )
+
+
+def _sam3_predictor(model: Any, options: dict) -> Any:
+    from ..predict.sam3.predictor import Sam3Predictor
+
+    return Sam3Predictor(model, confidence_threshold=options.get("confidence_threshold", 0.5))
+
+
+def _sam3_owns(obj: Any) -> bool:
+    from ..models.sam3.sam3_image import Sam3Image
+
+    return isinstance(obj, Sam3Image)
+
+
+def _sam3_is_predictor(obj: Any) -> bool:
+    from ..predict.sam3.predictor import Sam3Predictor
+
+    return isinstance(obj, Sam3Predictor)
+
+
+def _sam3_video(source: Source, options: dict) -> Any:
+    from .sam3 import build_sam3_video_predictor, load_sam3_tracker
+
+    if options.get("kind", "dense") == "tracker":
+        return load_sam3_tracker(source.path)
+    return build_sam3_video_predictor(checkpoint_path=source.path, bpe_path=options.get("bpe"))
+
+
+FAMILIES: dict[str, Family] = {
+    "sam_v1": Family(
+        name="sam_v1",
+        title="SAM v1",
+        model_types=tuple(sorted(SAM_SPECS)),
+        default=DEFAULT_MODEL,
+        default_name="synthetic model",
+        recipe="make train-default",
+        default_notice="a small SAM trained on generated shapes only; real images need "
+        "converted official weights: paddle-sam convert",
+        load_model=_sam_v1_model,
+        image_predictor=_sam_v1_predictor,
+        owns=_sam_v1_owns,
+        is_predictor=_sam_v1_is_predictor,
+    ),
+    "sam3": Family(
+        name="sam3",
+        title="SAM 3",
+        model_types=("sam3",),
+        default=DEFAULT_SAM3_MODEL,
+        default_name="SAM 3",
+        recipe="make train-sam3-default",
+        default_notice="a small SAM 3 trained on synthetic concept scenes only: it knows "
+        "their 30 phrases, such as 'red star' or 'ring', and nothing else; real images need "
+        "the official sam3.pt: paddle-sam convert",
+        load_model=_sam3_model,
+        image_predictor=_sam3_predictor,
+        owns=_sam3_owns,
+        is_predictor=_sam3_is_predictor,
+        video_predictor=_sam3_video,
+    ),
+}
+
+
+def family_of_model_type(model_type: str | None) -> str | None:
+    """The family a ``--model-type`` names (``vit_b`` -> ``sam_v1``), or None."""
+    if model_type is None:
+        return None
+    for fam in FAMILIES.values():
+        if model_type in fam.model_types or model_type == fam.name:
+            return fam.name
+    return "sam_v1" if model_type == "default" else None
+
+
+# -- export runtimes ---------------------------------------------------------------------
+
+
+def _paddle_inference_sam_v1(source: Source, options: dict) -> Any:
+    from ..deploy.sam_v1 import StaticSamPredictor
+
+    return StaticSamPredictor(source.path, precision=options.get("precision", "fp32"))
+
+
+def _onnxruntime_sam_v1(source: Source, options: dict) -> Any:
+    from ..deploy.onnx import OnnxSamPredictor
+
+    return OnnxSamPredictor(source.path)
+
+
+def _paddle_inference_sam3(source: Source, options: dict) -> Any:
+    from ..deploy.sam3 import StaticSam3Processor
+    from ..predict.sam3.predictor import Sam3Predictor
+
+    processor = StaticSam3Processor(
+        source.path,
+        confidence_threshold=options.get("confidence_threshold", 0.5),
+        bpe_path=options.get("bpe"),
+    )
+    return Sam3Predictor(processor=processor)
+
+
+#: (family, runtime) -> the predictor over an export folder; ``precision`` beyond fp32 only
+#: where listed in :data:`PRECISIONS`
+RUNTIMES: dict[tuple[str, str], Callable[[Source, dict], Any]] = {
+    ("sam_v1", "paddle-inference"): _paddle_inference_sam_v1,
+    ("sam_v1", "onnxruntime"): _onnxruntime_sam_v1,
+    ("sam3", "paddle-inference"): _paddle_inference_sam3,
+}
+PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("sam_v1", "paddle-inference"): ("fp32", "bf16"),
+}
+
+
+# -- the public functions ----------------------------------------------------------------
+
+
+def resolve(
+    checkpoint: str | os.PathLike | None = None,
+    exported: str | os.PathLike | None = None,
+    model_type: str | None = None,
+    *,
+    family: str | None = None,
+) -> Source:
+    """The source of a command's ``--checkpoint`` / ``--exported`` / ``--model-type``, sniffed:
+    the export folder, else the checkpoint, else the bundled model of ``family`` (or of the
+    model type's family; SAM v1 by default). Both paths at once are refused."""
+    if checkpoint is not None and exported is not None:
+        raise ValueError("give either --checkpoint or --exported, not both")
+    family = family or family_of_model_type(model_type)
+    if exported is not None:
+        if not Path(exported).is_dir():
+            raise FileNotFoundError(f"export folder not found: {exported}")
+        return sniff(exported)
+    if checkpoint is not None:
+        return sniff(checkpoint, family)
+    return bundled(family or "sam_v1")
+
+
+def bundled(family: str) -> Source:
+    """The bundled demo model of ``family``; a clear error when this install has none."""
+    fam = FAMILIES[family]
+    if not fam.default.is_file():
+        raise ValueError(
+            f"no --checkpoint given, and this install has no default {fam.title} "
+            f"({fam.default.name}: {fam.recipe} trains it); pass --checkpoint FILE (official "
+            "weights converted with 'paddle-sam convert')"
+        )
+    return sniff(fam.default, family)
+
+
+def is_bundled(source: Source) -> bool:
+    """True for a family's bundled demo model."""
+    return any(source.path == fam.default for fam in FAMILIES.values())
+
+
+def bundled_notice(source: Source) -> str | None:
+    """What a command prints when it runs a bundled demo model, or None for any other."""
+    for fam in FAMILIES.values():
+        if source.path == fam.default:
+            return (
+                f"using the default {fam.default_name} ({fam.default.name}, {fam.default_notice})"
+            )
+    return None
+
+
+def require(source: Source, part: str, why: str) -> None:
+    """Refuse (:class:`SourceRefused`) a source that lacks ``part``; ``why`` says what needs
+    it (``"--point"``, ``"the video mode"`` ...)."""
+    if source.lacks(part):
+        raise SourceRefused(f"{why} needs {_NEEDS[part]}; {source.path} is {source.describe()}")
+
+
+_NEEDS = {
+    "image": "an image model",
+    "clicks": "a model that takes clicks (SAM v1, or SAM 3 with its tracker's heads: the "
+    "released sam3.pt or a .pdparams converted from it)",
+    "text": "SAM 3 (--model-type sam3 and a SAM 3 checkpoint)",
+    "video": "SAM 3 with its video tracker (the released sam3.pt, or a .pdparams converted "
+    "from it with the tracker)",
+}
+
+
+def _family(source: Source) -> Family:
+    if source.family is None:
+        raise SourceRefused(
+            f"{source.path}: cannot tell which model family this is (no sidecar "
+            f"{source.path.name}.json next to it, and no key names readable without loading "
+            "it); pass --model-type"
+        )
+    return FAMILIES[source.family]
+
+
+def load_model(source: Source, **options: Any) -> Any:
+    """The dynamic model of ``source`` (a SAM v1 ``Sam`` or a SAM 3 ``Sam3Image``), weights
+    loaded strictly. ``options``: ``model_type`` (SAM v1), ``bpe`` and ``clicks`` (SAM 3: build
+    the tracker's heads for clicks)."""
+    if source.exported:
+        raise SourceRefused(
+            f"{source.path} is an export folder ({source.describe()}): it holds programs for a "
+            "runtime, not a model; pass the checkpoint it was exported from"
+        )
+    return _family(source).load_model(source, options)
+
+
+def load_image_predictor(source: Source, **options: Any) -> Any:
+    """The image predictor of ``source``: ``SamPredictor`` / ``Sam3Predictor`` over the dynamic
+    model, or the runtime of an export folder.
+
+    ``options``: ``model_type``; ``clicks`` (True: refuse a source without them; False: build
+    no interactive part; default: as the source allows); ``bpe`` and ``confidence_threshold``
+    (SAM 3); ``precision`` (an export's runtime, where :data:`PRECISIONS` lists it)."""
+    precision = options.get("precision", "fp32")
+    if options.get("clicks"):
+        require(source, "clicks", options.get("clicks_for", "clicks"))
+    if source.exported:
+        fam = _family(source)
+        key = (fam.name, source.runtime)
+        if precision not in PRECISIONS.get(key, ("fp32",)):
+            what = "SAM 3" if fam.name == "sam3" else "ONNX"
+            raise ValueError(
+                f"--precision {precision}: only SAM v1 exports on Paddle Inference run in "
+                f"{precision}; {source.path} is {what}"
+            )
+        return RUNTIMES[key](source, options)
+    if precision != "fp32":
+        raise ValueError(
+            f"--precision {precision} runs an exported SAM v1 (--exported DIR from 'paddle-sam "
+            "export'); the dynamic model computes in fp32"
+        )
+    fam = _family(source)
+    clicks = options.get("clicks")
+    if clicks is None:
+        clicks = "clicks" in source.parts
+    model = fam.load_model(source, {**options, "clicks": clicks})
+    return fam.image_predictor(model, options)
+
+
+def video_refusal(source: Source) -> str | None:
+    """Why ``source`` has no video mode, or None when it has one."""
+    if source.family is not None and FAMILIES[source.family].video_predictor is None:
+        return f"{source.path} is {source.describe()}: video needs SAM 3 with its video tracker"
+    if source.exported:
+        return (
+            f"{source.path} is an export folder: video runs on the dynamic model (pass the "
+            "released sam3.pt or a .pdparams converted from it)"
+        )
+    if source.layout == "hf":
+        return (
+            f"the SAM 3 checkpoint {source.path.name} is in the HF transformers layout, which "
+            "has no tracker weights: video needs the released sam3.pt (or a .pdparams "
+            "converted from it)"
+        )
+    if source.lacks("video"):
+        return (
+            f"the SAM 3 checkpoint {source.path.name} has no tracker weights (converted "
+            "without the tracker, or trained as an image model): video needs the full "
+            "released sam3.pt converted"
+        )
+    return None
+
+
+def video_predictor_or_refusal(source: Source, **options: Any) -> tuple[Any, str | None]:
+    """``(video predictor, None)``, or ``(None, why not)`` for a source without the video
+    tracker, including one whose tracker part holds only the heads that clicks on images need
+    (no memory encoder or memory attention) or sizes the tracker is not built for: such a
+    source still serves images."""
+    from ..convert.core import CheckpointMismatchError
+
+    why = video_refusal(source)
+    if why is not None:
+        return None, why
+    try:
+        return load_video_predictor(source, **options), None
+    except CheckpointMismatchError as exc:
+        return None, f"its tracker weights do not make SAM 3's video tracker ({exc})"
+    except ValueError as exc:
+        if "d_model" not in str(exc):
+            raise
+        return None, str(exc)
+
+
+def load_video_predictor(source: Source, **options: Any) -> Any:
+    """The video predictor of ``source``: SAM 3's dense video predictor (upstream's request API;
+    ``kind="dense"``, the default) or its tracker alone (``kind="tracker"``: clicks, boxes and
+    masks through upstream's SAM 2 style API). ``bpe``: the tokenizer's vocabulary. Refused
+    (:class:`SourceRefused`) with :func:`video_refusal`'s reason."""
+    why = video_refusal(source)
+    if why is not None:
+        raise SourceRefused(why)
+    fam = _family(source)
+    assert fam.video_predictor is not None
+    return fam.video_predictor(source, options)
+
+
+# -- model objects given directly (library users, tests) ---------------------------------
+
+
+def as_image_predictor(model_or_predictor: Any, caller: str = "this") -> Any:
+    """A model wrapped in its family's image predictor, a predictor as it is; TypeError naming
+    ``caller`` for anything else."""
+    for fam in FAMILIES.values():
+        if fam.is_predictor(model_or_predictor):
+            return model_or_predictor
+        if fam.owns(model_or_predictor):
+            return fam.image_predictor(model_or_predictor, {})
+    raise TypeError(
+        f"{caller} needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
+    )
+
+
+def is_video_model(x: Any) -> bool:
+    """True for SAM 3's video model or a video predictor around it."""
+    from ..models.sam3.sam3_video_inference import Sam3VideoInferenceWithInstanceInteractivity
+
+    return isinstance(x, Sam3VideoInferenceWithInstanceInteractivity) or (
+        hasattr(x, "handle_stream_request")
+        and isinstance(getattr(x, "model", None), Sam3VideoInferenceWithInstanceInteractivity)
+    )
+
+
+def as_video_predictor(video: Any) -> Any:
+    """A ``Sam3VideoPredictor`` (anything with ``handle_request`` and ``handle_stream_request``)
+    as it is, or SAM 3's video model wrapped in one; None stays None."""
+    if video is None or hasattr(video, "handle_stream_request"):
+        return video
+    from ..predict.sam3.video_predictor import Sam3VideoPredictor
+
+    return Sam3VideoPredictor(video)
+
+
+def image_predictor_of_video(video: Any, confidence_threshold: float = 0.5) -> Any:
+    """The image predictor inside SAM 3's video model (or predictor), able to answer clicks:
+    its detector, given the tracker as ``predict_inst``'s interactive predictor (upstream's
+    image model holds the same: a ``SAM3InteractiveImagePredictor`` around a tracker with the
+    same ``tracker.*`` weights). The video code never reads it; the weights are not copied:
+    one copy serves both pages."""
+    from ..models.sam3.interactive import SAM3InteractiveImagePredictor
+    from ..predict.sam3.predictor import Sam3Predictor
+
+    model = getattr(video, "model", video) if hasattr(video, "handle_request") else video
+    detector = model.detector
+    if detector.inst_interactive_predictor is None:
+        detector.inst_interactive_predictor = SAM3InteractiveImagePredictor(model.tracker)
+    return Sam3Predictor(detector, confidence_threshold=confidence_threshold)
+
+
+__all__ = [
+    "FAMILIES",
+    "PRECISIONS",
+    "RUNTIMES",
+    "Family",
+    "Source",
+    "SourceRefused",
+    "as_image_predictor",
+    "as_video_predictor",
+    "bundled",
+    "bundled_notice",
+    "family_of_model_type",
+    "image_predictor_of_video",
+    "is_bundled",
+    "is_video_model",
+    "load_image_predictor",
+    "load_model",
+    "load_video_predictor",
+    "require",
+    "resolve",
+    "sniff",
+    "video_predictor_or_refusal",
+    "video_refusal",
+]
