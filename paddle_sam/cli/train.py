@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(cfg, "family", "sam_v1") == "sam3":
         from ..train.sam3.trainer import Sam3Trainer as Trainer
     else:
-        from ..train.trainer import Trainer
+        from ..train.sam_v1.trainer import Trainer
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     trainer = Trainer(
         cfg,
@@ -150,8 +150,8 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..train.data import SkipLog, open_dataset
-    from ..train.evaluate import evaluate
+    from ..train.sam_v1.data import SkipLog, open_dataset
+    from ..train.sam_v1.evaluate import evaluate
 
     if args.json:  # before the (long) evaluation, not after it
         check_out_file(args.json, args.overwrite)

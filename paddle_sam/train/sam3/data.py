@@ -61,7 +61,7 @@ from PIL import Image
 from ...models.sam3.geometry_encoders import Prompt
 from ...models.sam3.sam3_image import FindStage
 from ...predict.io import decode_coco_rle
-from ..data import SkipLog, _decode_segmentation, _read_rgb
+from ..sam_v1.data import SkipLog, _decode_segmentation, _read_rgb
 from .sam3_loss import make_find_targets
 
 __all__ = [

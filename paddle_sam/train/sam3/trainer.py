@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ...loading.sam3 import build_sam3_image_model
 from ...convert.core import save_pdparams, sidecar_meta
+from ...loading.sam3 import build_sam3_image_model
 from ..base import TrainerBase
-from ..data import SkipLog
+from ..sam_v1.data import SkipLog
 from .config import Sam3Config, model_spec
 from .data import ConceptDataset, collate_concepts
 from .init import box_prior_init, load_vision_backbone

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..predict.io import IMAGE_SUFFIXES, decode_coco_rle
-from .synthetic import synthetic_scene
+from ...predict.io import IMAGE_SUFFIXES, decode_coco_rle
+from ..synthetic import synthetic_scene
 
 FORMATS = ("coco", "sa1b", "folder", "synthetic")
 
