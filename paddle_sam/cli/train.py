@@ -150,7 +150,8 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..train.sam_v1.data import SkipLog, open_dataset
+    from ..train.data import SkipLog
+    from ..train.sam_v1.data import open_dataset
     from ..train.sam_v1.evaluate import evaluate
 
     if args.json:  # before the (long) evaluation, not after it

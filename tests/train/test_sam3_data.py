@@ -19,6 +19,7 @@ import paddle
 import pytest
 from PIL import Image
 
+from paddle_sam.train.data import SkipLog
 from paddle_sam.train.sam3.data import (
     VISUAL_TEXT,
     ConceptDataset,
@@ -26,7 +27,6 @@ from paddle_sam.train.sam3.data import (
     resize_scales,
 )
 from paddle_sam.train.sam3.sam3_loss import make_find_targets
-from paddle_sam.train.sam_v1.data import SkipLog
 from paddle_sam.train.synthetic import (
     CONCEPT_COLOURS,
     CONCEPT_PHRASES,

@@ -17,14 +17,9 @@ from PIL import Image
 
 from paddle_sam.cli import main
 from paddle_sam.train.config import ConfigError, load_config
+from paddle_sam.train.data import SkipLog
 from paddle_sam.train.sam_v1 import prompts
-from paddle_sam.train.sam_v1.data import (
-    CocoDataset,
-    MaskFolderDataset,
-    SA1BDataset,
-    SkipLog,
-    open_dataset,
-)
+from paddle_sam.train.sam_v1.data import CocoDataset, MaskFolderDataset, SA1BDataset, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset
 from tests.helpers.train_runs import losses_of, write_yaml
 

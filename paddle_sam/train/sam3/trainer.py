@@ -29,7 +29,7 @@ import paddle
 from ...convert.core import save_pdparams, sidecar_meta
 from ...loading.sam3 import build_sam3_image_model
 from ..base import TrainerBase
-from ..sam_v1.data import SkipLog
+from ..data import SkipLog
 from .config import Sam3Config, model_spec
 from .data import ConceptDataset, collate_concepts
 from .init import box_prior_init, load_vision_backbone

@@ -4,54 +4,23 @@ and procedural synthetic scenes.
 Every dataset yields ``(image, masks)``: an H x W x 3 uint8 RGB array and a list of H x W bool
 instance masks. Bad entries are skipped, never fatal: an unreadable image, an empty
 annotation, a polygon outside the image or a mask of the wrong size is counted in
-:class:`SkipLog` (with the first few examples named) and reported at the end of a run.
+:class:`~paddle_sam.train.data.SkipLog` (with the first few examples named) and reported at
+the end of a run.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from ...predict.io import IMAGE_SUFFIXES, decode_coco_rle
+from ...predict.io import IMAGE_SUFFIXES
+from ..data import SkipLog, decode_segmentation, read_rgb
 from ..synthetic import synthetic_scene
 
 FORMATS = ("coco", "sa1b", "folder", "synthetic")
-
-
-@dataclass
-class SkipLog:
-    """Counts of skipped items by reason, with a few named examples of each."""
-
-    counts: Counter = field(default_factory=Counter)
-    examples: dict[str, list[str]] = field(default_factory=dict)
-
-    def add(self, reason: str, where: str) -> None:
-        self.counts[reason] += 1
-        ex = self.examples.setdefault(reason, [])
-        if len(ex) < 3:
-            ex.append(where)
-            warnings.warn(f"skipped ({reason}): {where}", stacklevel=3)
-
-    def summary(self) -> str:
-        if not self.counts:
-            return "no data skipped"
-        parts = [
-            f"{n} x {reason} (e.g. {self.examples[reason][0]})"
-            for reason, n in sorted(self.counts.items())
-        ]
-        return f"skipped {sum(self.counts.values())} items: " + "; ".join(parts)
-
-
-def _read_rgb(path: Path) -> np.ndarray:
-    with Image.open(path) as im:
-        im.load()
-        return np.asarray(im.convert("RGB"))
 
 
 class SegmentationDataset:
@@ -80,7 +49,7 @@ class SegmentationDataset:
         """(image, masks), or None (counted in ``skips``) if the image cannot be used."""
         path, payload = self.records[index]
         try:
-            image = _read_rgb(path)
+            image = read_rgb(path)
         except Exception as exc:  # PIL raises many types for damaged files
             self.skips.add("unreadable image", f"{path}: {exc}")
             return None
@@ -94,47 +63,13 @@ class SegmentationDataset:
         raise NotImplementedError
 
 
-def _decode_segmentation(seg, h: int, w: int, where: str, skips: SkipLog) -> np.ndarray | None:
-    """A COCO segmentation (polygons, RLE or uncompressed RLE) -> H x W bool, or None."""
-    from pycocotools import mask as mask_utils
-
-    if isinstance(seg, list):
-        polys = [p for p in seg if isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0]
-        if not polys:
-            skips.add("empty annotation", where)
-            return None
-        for p in polys:
-            xy = np.asarray(p, dtype=np.float64).reshape(-1, 2)
-            if (xy < -1).any() or (xy[:, 0] > w + 1).any() or (xy[:, 1] > h + 1).any():
-                skips.add("polygon outside the image", f"{where} (image {w}x{h})")
-                return None
-        rle = mask_utils.merge(mask_utils.frPyObjects(polys, h, w))
-    elif isinstance(seg, dict) and "counts" in seg and "size" in seg:
-        if [int(v) for v in seg["size"]] != [h, w]:
-            skips.add("mask size differs from the image", f"{where}: {seg['size']} vs {[h, w]}")
-            return None
-        rle = dict(seg)
-        if isinstance(rle["counts"], list):
-            rle = mask_utils.frPyObjects(rle, h, w)
-        elif isinstance(rle["counts"], str):
-            rle["counts"] = rle["counts"].encode("ascii")
-    else:
-        skips.add("empty annotation", where)
-        return None
-    mask = decode_coco_rle(rle)
-    if not mask.any():
-        skips.add("empty annotation", where)
-        return None
-    return mask
-
-
 class _AnnotatedDataset(SegmentationDataset):
     """Records whose payload is a list of COCO-style annotations (polygons or RLE)."""
 
     def _masks(self, path, anns, h, w):
         out = []
         for a in anns:
-            m = _decode_segmentation(
+            m = decode_segmentation(
                 a.get("segmentation"), h, w, f"{path.name} annotation {a.get('id')}", self.skips
             )
             if m is not None:

@@ -23,7 +23,8 @@ from ...models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from ...predict.sam_v1.transforms import ResizeLongestSide
 from ..base import TrainerBase
 from ..config import Config
-from .data import SkipLog, open_dataset
+from ..data import SkipLog
+from .data import open_dataset
 from .losses import sam_loss
 from .prompts import correction_click, noisy_box, random_point
 
