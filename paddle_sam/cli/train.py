@@ -30,7 +30,7 @@ MAX_SYNTH_IMAGES = 1_000_000
 def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "PADDLE_TRAINER_ID" not in os.environ:
         return _launch(args)
-    from ..train.config import load_config
+    from ..train.families import load_config
 
     cfg = load_config(args.config, args.set)
     import yaml
@@ -66,7 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     """Re-run this command under ``python -m paddle.distributed.launch`` (gloo on CPU), each
     process running ``launch_entry.py`` next to this file."""
-    from ..train.config import load_config
+    from ..train.families import load_config
 
     cfg = load_config(args.config, args.set)  # fail fast, before starting processes
     entry = Path(__file__).resolve().parent / "launch_entry.py"

@@ -16,8 +16,9 @@ import pytest
 from PIL import Image
 
 from paddle_sam.cli import main
-from paddle_sam.train.config import ConfigError, load_config
+from paddle_sam.train.config import ConfigError
 from paddle_sam.train.data import SkipLog
+from paddle_sam.train.families import load_config
 from paddle_sam.train.sam_v1 import prompts
 from paddle_sam.train.sam_v1.data import CocoDataset, MaskFolderDataset, SA1BDataset, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset

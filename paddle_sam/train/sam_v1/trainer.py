@@ -22,8 +22,8 @@ from ...loading.sam_v1 import build_sam, load_sam_weights
 from ...models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from ...predict.sam_v1.transforms import ResizeLongestSide
 from ..base import TrainerBase
-from ..config import Config
 from ..data import SkipLog
+from .config import Config
 from .data import open_dataset
 from .losses import sam_loss
 from .prompts import correction_click, noisy_box, random_point
