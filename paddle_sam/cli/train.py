@@ -31,7 +31,7 @@ MAX_SYNTH_IMAGES = 1_000_000
 def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "PADDLE_TRAINER_ID" not in os.environ:
         return _launch(args)
-    from ..train.config import load_config
+    from ..train.families import load_config
 
     cfg = load_config(args.config, args.set)
     import yaml
@@ -39,7 +39,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(cfg, "family", "sam_v1") == "sam3":
         from ..train.sam3.trainer import Sam3Trainer as Trainer
     else:
-        from ..train.trainer import Trainer
+        from ..train.sam_v1.trainer import Trainer
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     trainer = Trainer(
         cfg,
@@ -67,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     """Re-run this command under ``python -m paddle.distributed.launch`` (gloo on CPU), each
     process running ``launch_entry.py`` next to this file."""
-    from ..train.config import load_config
+    from ..train.families import load_config
 
     cfg = load_config(args.config, args.set)  # fail fast, before starting processes
     entry = Path(__file__).resolve().parent / "launch_entry.py"
@@ -150,8 +150,9 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..train.data import SkipLog, open_dataset
-    from ..train.evaluate import evaluate
+    from ..train.data import SkipLog
+    from ..train.sam_v1.data import open_dataset
+    from ..train.sam_v1.evaluate import evaluate
 
     if args.json:  # before the (long) evaluation, not after it
         check_out_file(args.json, args.overwrite)

@@ -2,7 +2,7 @@
 gradient accumulation and mixed precision, data-parallel gradient averaging, atomic checkpoints
 with exact resume, metrics CSV and curves, and the check that all ranks end equal.
 
-A family's trainer (``trainer.Trainer`` for SAM v1, ``sam3.trainer.Sam3Trainer``) subclasses
+A family's trainer (``sam_v1.trainer.Trainer`` for SAM v1, ``sam3.trainer.Sam3Trainer``) subclasses
 :class:`TrainerBase` and supplies the model, its data, one micro-batch's loss, evaluation,
 export and the metrics it logs. One optimizer step = ``grad_accum`` micro-batches of
 ``batch_size`` images on each process; under ``python -m paddle.distributed.launch`` gradients

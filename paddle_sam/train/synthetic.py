@@ -6,7 +6,7 @@ polygons, stars, rings, crescents, crosses, thin lines) are painted back to fron
 striped, gradient or speckled fills; an instance's mask is the part still visible after later
 shapes are painted over it (occlusion). :func:`write_dataset` writes scenes as COCO instance
 JSON, SA-1B style per-image JSON or a folder of images with per-instance mask PNGs, which
-:mod:`paddle_sam.train.data` reads back.
+:mod:`paddle_sam.train.sam_v1.data` reads back.
 
 Concept scenes (for SAM 3's text prompts, :func:`concept_scene`): a few shapes from a small
 fixed vocabulary of named shapes in named colours (:data:`CONCEPT_PHRASES`: "red star",

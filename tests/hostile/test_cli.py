@@ -113,9 +113,10 @@ def _refuse(what: str):
 @pytest.fixture
 def no_work(monkeypatch):
     """Every model loader and long job fails the test if called."""
-    from paddle_sam.loading import sam3, sam_v1
     from paddle_sam.convert import checkpoint
-    from paddle_sam.train import data, synthetic
+    from paddle_sam.loading import sam3, sam_v1
+    from paddle_sam.train import synthetic
+    from paddle_sam.train.sam_v1 import data
 
     for module in (cli.common, cli.segment, cli.everything, cli.export, cli.train):
         monkeypatch.setattr(module, "load_model", _refuse("load_model"))

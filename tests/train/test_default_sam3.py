@@ -9,8 +9,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from paddle_sam.loading.sam3 import DEFAULT_SAM3_MODEL
 from paddle_sam.cli import main
+from paddle_sam.loading.sam3 import DEFAULT_SAM3_MODEL
 from paddle_sam.train.example import EXAMPLE, concept_check
 
 needs_model = pytest.mark.skipif(

@@ -18,7 +18,8 @@ import paddle
 import pytest
 
 from paddle_sam.cli import main
-from paddle_sam.train.config import ConfigError, load_config
+from paddle_sam.train.config import ConfigError
+from paddle_sam.train.families import load_config
 from tests.helpers.sam3_ref import tiny_sam3_spec
 from tests.helpers.train_runs import losses_of, write_yaml
 
@@ -197,8 +198,8 @@ def test_train_from_a_checkpoint(tmp_path):
     first["run"]["model_name"] = "my_concepts"
     assert main(["train", str(write_yaml(tmp_path / "a.yaml", first)), "--quiet"]) == 0
     model = tmp_path / "a" / "run" / "model.pdparams"
-    from paddle_sam.loading.sam_v1 import load_sam
     from paddle_sam.convert.checkpoint import detect_family
+    from paddle_sam.loading.sam_v1 import load_sam
 
     assert detect_family(model) == "sam3"  # what the commands pick the family by
     with pytest.raises(ValueError, match="is a SAM 3 model"):

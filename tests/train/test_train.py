@@ -16,9 +16,11 @@ import pytest
 from PIL import Image
 
 from paddle_sam.cli import main
-from paddle_sam.train import prompts
-from paddle_sam.train.config import ConfigError, load_config
-from paddle_sam.train.data import CocoDataset, MaskFolderDataset, SA1BDataset, SkipLog, open_dataset
+from paddle_sam.train.config import ConfigError
+from paddle_sam.train.data import SkipLog
+from paddle_sam.train.families import load_config
+from paddle_sam.train.sam_v1 import prompts
+from paddle_sam.train.sam_v1.data import CocoDataset, MaskFolderDataset, SA1BDataset, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset
 from tests.helpers.train_runs import losses_of, write_yaml
 
@@ -173,7 +175,7 @@ def test_prompt_simulation():
 def test_loss_picks_the_best_multimask_output():
     import paddle
 
-    from paddle_sam.train.losses import sam_loss
+    from paddle_sam.train.sam_v1.losses import sam_loss
 
     target = paddle.zeros([1, 3, 8, 8])
     target[:, :, 2:6, 2:6] = 1.0
@@ -224,7 +226,7 @@ def test_short_run_lowers_the_loss_and_writes_its_outputs(tmp_path):
 
 
 def test_stages_freeze_then_unfreeze_the_last_blocks(tmp_path):
-    from paddle_sam.train.trainer import Trainer
+    from paddle_sam.train.sam_v1.trainer import Trainer
 
     cfg = load_config(write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path)))
     t = Trainer(cfg, progress=False)
@@ -245,7 +247,7 @@ def test_stages_freeze_then_unfreeze_the_last_blocks(tmp_path):
 @pytest.mark.parametrize("tied", [False, True])
 def test_tied_qk_init_starts_decoder_keys_as_queries(tmp_path, tied):
     from paddle_sam.models.sam_v1.transformer import Attention
-    from paddle_sam.train.trainer import Trainer
+    from paddle_sam.train.sam_v1.trainer import Trainer
 
     model = {"type": "vit_tiny_synthetic", "spec": TINY_SPEC, "tied_qk_init": tied}
     cfg = load_config(write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path, model=model)))
@@ -258,7 +260,7 @@ def test_tied_qk_init_starts_decoder_keys_as_queries(tmp_path, tied):
 
 
 def test_resume_continues_exactly(tmp_path):
-    from paddle_sam.train.trainer import Trainer
+    from paddle_sam.train.sam_v1.trainer import Trainer
 
     cfg_a = tiny_config(tmp_path / "a")
     cfg_b = tiny_config(tmp_path / "b")
@@ -340,7 +342,7 @@ def test_missing_files_in_configs(tmp_path, capsys):
 
 
 def test_amp_is_off_on_cpu_with_a_warning(tmp_path):
-    from paddle_sam.train.trainer import Trainer
+    from paddle_sam.train.sam_v1.trainer import Trainer
 
     cfg = load_config(write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path)), ["train.amp=true"])
     with pytest.warns(UserWarning, match="mixed precision is off on CPU"):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigBase, RunConfig, check_optim, check_positive
+from ..config import ConfigBase, ConfigError, RunConfig, check_optim, check_positive
 
 FREEZABLE = ("vision_backbone", "text_encoder")
 
@@ -154,8 +154,6 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
     from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
 
     def bad(key: str, value, why: str):
-        from ..config import ConfigError
-
         raise ConfigError(f"{where}: {key} = {value!r}: {why}")
 
     if cfg.model.checkpoint is not None and not Path(cfg.model.checkpoint).is_file():

@@ -61,7 +61,7 @@ from PIL import Image
 from ...models.sam3.geometry_encoders import Prompt
 from ...models.sam3.sam3_image import FindStage
 from ...predict.io import decode_coco_rle
-from ..data import SkipLog, _decode_segmentation, _read_rgb
+from ..data import SkipLog, decode_segmentation, read_rgb
 from .sam3_loss import make_find_targets
 
 __all__ = [
@@ -490,7 +490,7 @@ class ConceptDataset:
                 self.skips.add(problem, where)
                 return None
         try:
-            mask = _decode_segmentation(seg, h, w, where, self.skips)
+            mask = decode_segmentation(seg, h, w, where, self.skips)
         except (TypeError, ValueError, KeyError, OverflowError) as exc:
             self.skips.add("undecodable segmentation", f"{where}: {exc}")
             return None
@@ -565,7 +565,7 @@ class ConceptDataset:
             return self._cache[1]
         path = self.records[image_index].path
         try:
-            rgb = _read_rgb(path)
+            rgb = read_rgb(path)
         except Exception as exc:  # PIL raises many types for damaged files
             self.skips.add("unreadable image", f"{path}: {exc}")
             self._bad.add(image_index)

@@ -212,8 +212,8 @@ def pretrain_vision_backbone(
 
 def main(argv: list[str] | None = None) -> int:
     from ...loading.sam3 import build_sam3_image_model
-    from ..config import ConfigError, load_config
-    from .config import model_spec
+    from ..config import ConfigError, build_config, read_raw
+    from .config import Sam3Config, model_spec, validate_sam3
 
     ap = argparse.ArgumentParser(
         prog="python -m paddle_sam.train.sam3.pretrain", description=__doc__.split("\n\n")[0]
@@ -245,11 +245,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out} exists; pass --overwrite to replace it", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config)
+        raw, where = read_raw(args.config)
+        cfg = build_config(Sam3Config, raw, where) if raw.get("family") == "sam3" else None
+        if cfg is not None:
+            validate_sam3(cfg, where)
     except (ConfigError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if getattr(cfg, "family", None) != "sam3" or cfg.model.checkpoint is not None:
+    if cfg is None or cfg.model.checkpoint is not None:
         print(
             f"error: {args.config}: needs a SAM 3 config with model.spec (trained from scratch)",
             file=sys.stderr,

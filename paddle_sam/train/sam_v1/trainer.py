@@ -17,13 +17,14 @@ import paddle
 import paddle.nn.functional as F
 from PIL import Image
 
-from ..convert.core import save_pdparams, sidecar_meta
-from ..loading.sam_v1 import build_sam, load_sam_weights
-from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec
-from ..predict.sam_v1.transforms import ResizeLongestSide
-from .base import TrainerBase
+from ...convert.core import save_pdparams, sidecar_meta
+from ...loading.sam_v1 import build_sam, load_sam_weights
+from ...models.sam_v1.build_sam import SAM_SPECS, SamSpec
+from ...predict.sam_v1.transforms import ResizeLongestSide
+from ..base import TrainerBase
+from ..data import SkipLog
 from .config import Config
-from .data import SkipLog, open_dataset
+from .data import open_dataset
 from .losses import sam_loss
 from .prompts import correction_click, noisy_box, random_point
 
@@ -39,7 +40,7 @@ def tie_decoder_qk(sam) -> None:
     """Set each mask-decoder attention's key projection to its query projection (a from-
     scratch initialisation: attention logits start as q(x) . q(y), a positive semi-definite
     kernel, so a point token attends to the image positions whose encoding matches its own)."""
-    from ..models.sam_v1.transformer import Attention
+    from ...models.sam_v1.transformer import Attention
 
     for _, layer in sam.mask_decoder.named_sublayers():
         if isinstance(layer, Attention):

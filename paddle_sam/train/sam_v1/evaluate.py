@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..predict.sam_v1.predictor import SamPredictor
+from ...predict.sam_v1.predictor import SamPredictor
 from .prompts import eval_correction_click, interior_point, mask_box
 
 

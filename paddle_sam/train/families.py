@@ -1,0 +1,35 @@
+"""The training families and the loader that picks one: a YAML run config's top-level
+``family`` (``sam_v1`` by default, or ``sam3``) selects the schema it is read with. Nothing in
+the families imports this module; the commands do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, build_config, read_raw
+from .sam_v1.config import Config, validate
+
+FAMILIES = ("sam_v1", "sam3")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Any:
+    """Read a YAML config (or start from the defaults if ``path`` is None), apply overrides.
+    Its top-level ``family`` (``sam_v1`` by default, or ``sam3``) selects the schema: a
+    ``sam_v1.config.Config`` or a ``sam3.config.Sam3Config``."""
+    raw, where = read_raw(path, overrides)
+    family = raw.get("family", "sam_v1")
+    if family not in FAMILIES:
+        raise ConfigError(f"{where}: family = {family!r}: choose from {', '.join(FAMILIES)}")
+    if family == "sam3":
+        # here, not at the top: the sam3 package imports its criterion (Paddle and the model)
+        from .sam3.config import Sam3Config, validate_sam3
+
+        cfg = build_config(Sam3Config, raw, where)
+        validate_sam3(cfg, where)
+        return cfg
+    raw.pop("family", None)
+    cfg = build_config(Config, raw, where)
+    validate(cfg, where)
+    return cfg
