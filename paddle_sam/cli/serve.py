@@ -292,7 +292,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from ..serve import create_app
     from ..serve.guard import check_token
+    from ..serve.logs import configure_logging
 
+    configure_logging(args.log_level)  # the paddle_sam loggers; uvicorn's get it below
     check_precision(args)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_token(token)

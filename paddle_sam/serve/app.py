@@ -11,8 +11,9 @@ cache and budget, propagation jobs on the same queue, the page at ``/video``.
 ``create_app(model_or_predictor)`` builds the app in-process (tests use a tiny model);
 ``paddle-sam serve`` runs it with uvicorn. The parts: ``guard`` (host, origin, token, content
 type and body size checks before the app), ``schemas`` (request bodies, mask PNGs),
-``service`` (the model behind its lock, "everything" jobs), ``routes`` (the HTTP API),
-``video`` and ``video_routes`` (the video mode).
+``service`` (the model behind its lock, "everything" jobs), ``routes`` (the HTTP API, an
+``APIRouter``), ``video`` and ``video_routes`` (the video mode), ``errors`` (the error type and
+handlers), ``state`` (what the routes take from ``app.state``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from .._version import __version__
 from ..models.sam_v1.sam import Sam
 from ..predict.base import InteractivePredictor
 from ..predict.sam_v1.predictor import PredictorBase, SamPredictor
+from . import routes, video_routes
 from .config import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_QUEUED_JOBS,
@@ -38,12 +41,12 @@ from .config import (
     DEFAULT_SESSION_TTL_S,
     MAX_JSON_BYTES,
 )
+from .errors import add_error_handlers
 from .guard import RequestGuard, check_token
-from .routes import add_error_handlers, add_routes
 from .service import JobQueue, ModelService, cancel_jobs
 from .sessions import SessionStore
+from .state import Gates, Limits
 from .video import VideoLimits, VideoService
-from .video_routes import add_video_routes
 
 NO_VIDEO_MODEL = (
     "this server has no video mode: it needs SAM 3 with its tracker; start it with "
@@ -184,11 +187,13 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
+    max_upload = int(max_upload_mb * 2**20)
     app.state.service = service
     app.state.store = store
     app.state.jobs = jobs
     app.state.videos = videos
-    max_upload = int(max_upload_mb * 2**20)
+    app.state.limits = Limits(max_image_pixels, max_upload, limits, video_refusal or NO_VIDEO_MODEL)
+    app.state.gates = Gates()
     app.add_middleware(
         RequestGuard,
         token=token,
@@ -198,18 +203,9 @@ def create_app(
         max_json=MAX_JSON_BYTES,
     )
     add_error_handlers(app)
-    add_routes(
-        app,
-        service,
-        store,
-        jobs,
-        max_image_pixels=max_image_pixels,
-        max_upload=max_upload,
-        videos=videos,
-        video_limits=limits,
-        video_refusal=video_refusal or NO_VIDEO_MODEL,
-    )
-    add_video_routes(app, videos, video_refusal or NO_VIDEO_MODEL, store)
+    app.include_router(routes.router)
+    app.mount("/static", StaticFiles(directory=routes.STATIC_DIR), name="static")
+    app.include_router(video_routes.router)
     return app
 
 
@@ -236,7 +232,7 @@ def create_label_studio_app(
     (its ML backend setting "Basic Authentication"). ``label_studio_url`` / ``api_key``:
     where and with which token to download task images, instead of what ``/setup`` says.
     """
-    from .label_studio import LabelStudioBackend, add_label_studio_routes
+    from .label_studio import LabelStudioBackend, router
 
     service = ModelService(
         as_predictor(model_or_predictor, "create_label_studio_app"), model_type, threads
@@ -268,7 +264,7 @@ def create_label_studio_app(
         pages=(),
     )
     add_error_handlers(app)
-    add_label_studio_routes(app, backend)
+    app.include_router(router)
     return app
 
 

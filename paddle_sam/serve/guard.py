@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import MAX_JSON_BYTES
+from .errors import error_response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # RFC 6750's b64token: what fits in "Authorization: Bearer ..." without quoting
@@ -103,12 +104,6 @@ def same_origin(origin: str, host: str) -> bool:
 
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
-
-
-def error_response(
-    status: int, code: str, detail: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
 class BodyTooLarge(Exception):

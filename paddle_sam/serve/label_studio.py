@@ -33,15 +33,16 @@ import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from .._version import __version__
 from ..predict.io import label_studio_rle
-from .routes import ApiError, decode_image_bytes
+from .errors import ServiceError
+from .routes import decode_image_bytes
 from .service import ModelService
 from .sessions import Session, SessionError, SessionStore
 
@@ -257,7 +258,7 @@ class LabelStudioBackend:
             return ref, ours
         if ref.startswith("/"):
             if self.hostname is None:
-                raise ApiError(
+                raise ServiceError(
                     400,
                     "no_label_studio_url",
                     f"the task's image {ref!r} is a Label Studio path, but Label Studio has not "
@@ -265,7 +266,7 @@ class LabelStudioBackend:
                 )
             return self.hostname + ref, True
         scheme = ref.split(":", 1)[0] if ":" in ref else ""
-        raise ApiError(
+        raise ServiceError(
             400,
             "unsupported_image_url",
             f"the task's image {ref[:200]!r}: paddle-sam reads images from Label Studio "
@@ -279,7 +280,9 @@ class LabelStudioBackend:
             try:
                 return base64.b64decode(data, validate=True) if ";base64" in header else b""
             except binascii.Error:
-                raise ApiError(400, "invalid_image", "the task's data: URL is not base64") from None
+                raise ServiceError(
+                    400, "invalid_image", "the task's data: URL is not base64"
+                ) from None
         url, ours = self._url(ref)
         headers = {"User-Agent": f"paddle-sam/{__version__}"}
         auth = self._auth_header() if ours else None
@@ -297,14 +300,14 @@ class LabelStudioBackend:
                 if exc.code in (401, 403)
                 else ""
             )
-            raise ApiError(
+            raise ServiceError(
                 502, "image_download_failed", f"{url}: HTTP {exc.code} {exc.reason}{hint}"
             ) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise ApiError(502, "image_download_failed", f"{url}: {reason}") from None
+            raise ServiceError(502, "image_download_failed", f"{url}: {reason}") from None
         if len(data) > self.max_download:
-            raise ApiError(
+            raise ServiceError(
                 413, "image_too_large", f"{url}: above the limit of {self.max_download} bytes"
             )
         return data
@@ -316,7 +319,7 @@ class LabelStudioBackend:
         data = task.get("data") if isinstance(task.get("data"), dict) else {}
         ref = data.get(config.image_key)
         if not isinstance(ref, str) or not ref:
-            raise ApiError(
+            raise ServiceError(
                 400,
                 "invalid_task",
                 f"task {task.get('id')}: no image at data.{config.image_key} (the <Image> "
@@ -342,7 +345,7 @@ class LabelStudioBackend:
         try:
             state, seconds = self.service.embed(image)
         except ValueError as exc:
-            raise ApiError(400, "invalid_image", f"{name}: {exc}") from None
+            raise ServiceError(400, "invalid_image", f"{name}: {exc}") from None
         session = Session(key, image, state, seconds)
         self.store.add(session)
         return session
@@ -351,7 +354,7 @@ class LabelStudioBackend:
         try:
             masks, scores, _ = self.service.predict(session.state, **kwargs)
         except ValueError as exc:
-            raise ApiError(400, getattr(exc, "code", "invalid_prompt"), str(exc)) from None
+            raise ServiceError(400, getattr(exc, "code", "invalid_prompt"), str(exc)) from None
         return np.asarray(masks), np.asarray(scores, dtype=np.float64)
 
     def _concept(self, session, config, text: str, label: str) -> list[dict]:
@@ -365,11 +368,11 @@ class LabelStudioBackend:
         try:
             prompt = parse_context(context, session.width, session.height)
         except ValueError as exc:
-            raise ApiError(400, "invalid_context", str(exc)) from None
+            raise ServiceError(400, "invalid_context", str(exc)) from None
         regions: list[dict] = []
         if prompt.text is not None:
             if not self.service.takes_text:
-                raise ApiError(
+                raise ServiceError(
                     400,
                     "text_not_supported",
                     f"this model ({self.service.model_type}) does not take text prompts: serve "
@@ -388,7 +391,7 @@ class LabelStudioBackend:
             if prompt.box is not None:
                 kwargs["box"] = np.asarray(prompt.box, dtype=np.float64)
             if self.service.returns_instances and not self.service.takes_points:
-                raise ApiError(
+                raise ServiceError(
                     400,
                     "points_not_supported",
                     "this SAM 3 model has no interactive predictor for clicks (build it with "
@@ -415,17 +418,17 @@ class LabelStudioBackend:
     def predict(self, payload: dict) -> dict:
         tasks = payload.get("tasks")
         if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
-            raise ApiError(400, "invalid_request", "'tasks' must be a list of task objects")
+            raise ServiceError(400, "invalid_request", "'tasks' must be a list of task objects")
         project = str(payload.get("project") or "").split(".", 1)[0]
         xml = payload.get("label_config") or self.configs.get(project)
         try:
             config = parse_label_config(xml)
         except ValueError as exc:
-            raise ApiError(400, "invalid_label_config", str(exc)) from None
+            raise ServiceError(400, "invalid_label_config", str(exc)) from None
         params = payload.get("params") if isinstance(payload.get("params"), dict) else {}
         context = params.get("context")
         if context is not None and not isinstance(context, dict):
-            raise ApiError(400, "invalid_context", "params.context must be an object")
+            raise ServiceError(400, "invalid_context", "params.context must be an object")
         results = []
         for task in tasks:
             answer = self.predict_task(task, config, context)
@@ -434,62 +437,76 @@ class LabelStudioBackend:
         return {"results": results}
 
 
-def add_label_studio_routes(app: FastAPI, backend: LabelStudioBackend) -> None:
-    """Label Studio's ML backend protocol on ``app``."""
+# -- the routes: Label Studio's ML backend protocol, over ``app.state.backend`` -------------
 
-    async def _json(request: Request) -> dict:
-        try:
-            payload = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "invalid_json", "the request body is not JSON") from None
-        if not isinstance(payload, dict):
-            raise ApiError(400, "invalid_json", "the request body must be a JSON object")
-        return payload
 
-    @app.get("/health", summary="Label Studio's health check")
-    @app.get("/", include_in_schema=False)
-    def health() -> dict:
-        return {
-            "status": "UP",
-            "model_class": "paddle-sam",
-            "model_version": backend.model_version,
-            "model": {
-                "type": backend.service.model_type,
-                "runtime": backend.service.runtime,
-                "takes_text": backend.service.takes_text,
-            },
-            "cache": backend.store.stats(),
-        }
+async def _backend(request: Request) -> LabelStudioBackend:
+    return request.app.state.backend
 
-    @app.post("/setup", summary="Label Studio connects a project (its labelling config)")
-    async def setup(request: Request) -> dict:
-        payload = await _json(request)
-        try:
-            return backend.setup(payload)
-        except ValueError as exc:
-            raise ApiError(400, "invalid_label_config", str(exc)) from None
 
-    @app.post("/predict", summary="predictions for tasks, with the clicks of 'context'")
-    async def predict(request: Request) -> dict:
-        payload = await _json(request)
-        return await run_in_threadpool(backend.predict, payload)
+Backend = Annotated[LabelStudioBackend, Depends(_backend)]
 
-    @app.post("/webhook", summary="Label Studio's events (annotations); nothing is trained")
-    async def webhook(request: Request) -> dict:
-        payload = await _json(request)
-        # annotations are the training data of 'paddle-sam train', not of this server
-        return {"status": "ok", "action": payload.get("action"), "result": None}
+router = APIRouter()
 
-    @app.get("/metrics", include_in_schema=False)
-    def metrics() -> dict:
-        return {}
+
+async def _json(request: Request) -> dict:
+    try:
+        payload = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise ServiceError(400, "invalid_json", "the request body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise ServiceError(400, "invalid_json", "the request body must be a JSON object")
+    return payload
+
+
+@router.get("/health", summary="Label Studio's health check")
+@router.get("/", include_in_schema=False)
+def health(backend: Backend) -> dict:
+    return {
+        "status": "UP",
+        "model_class": "paddle-sam",
+        "model_version": backend.model_version,
+        "model": {
+            "type": backend.service.model_type,
+            "runtime": backend.service.runtime,
+            "takes_text": backend.service.takes_text,
+        },
+        "cache": backend.store.stats(),
+    }
+
+
+@router.post("/setup", summary="Label Studio connects a project (its labelling config)")
+async def setup(request: Request, backend: Backend) -> dict:
+    payload = await _json(request)
+    try:
+        return backend.setup(payload)
+    except ValueError as exc:
+        raise ServiceError(400, "invalid_label_config", str(exc)) from None
+
+
+@router.post("/predict", summary="predictions for tasks, with the clicks of 'context'")
+async def predict(request: Request, backend: Backend) -> dict:
+    payload = await _json(request)
+    return await run_in_threadpool(backend.predict, payload)
+
+
+@router.post("/webhook", summary="Label Studio's events (annotations); nothing is trained")
+async def webhook(request: Request) -> dict:
+    payload = await _json(request)
+    # annotations are the training data of 'paddle-sam train', not of this server
+    return {"status": "ok", "action": payload.get("action"), "result": None}
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics() -> dict:
+    return {}
 
 
 __all__ = [
     "LabelConfig",
     "LabelStudioBackend",
     "Prompt",
-    "add_label_studio_routes",
     "parse_context",
     "parse_label_config",
+    "router",
 ]

@@ -6,6 +6,7 @@ Paddle is not thread-safe, so every model call runs under the lock.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -21,6 +22,8 @@ from .._runtime import cpu_count, get_num_threads, set_num_threads
 from ..models.sam_v1.build_sam import SAM_SPECS
 from ..predict.base import InteractivePredictor
 from .sessions import Session, SessionStore
+
+logger = logging.getLogger(__name__)
 
 # -- the model behind a lock ------------------------------------------------------------
 
@@ -216,6 +219,10 @@ class JobQueue:
     def _done(self, future: Future | None) -> None:
         with self._lock:
             self._pending -= 1
+        if future is not None and not future.cancelled() and future.exception() is not None:
+            # a job reports its own failures; this is one that escaped it (nobody reads the
+            # future, so it would be lost)
+            logger.error("a background job raised", exc_info=future.exception())
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -318,8 +325,10 @@ def _run_everything(
     """Run a job's generator under the model lock; its outcome goes into the job."""
     if job.cancel.is_set():
         job.status = "cancelled"
+        logger.info("everything job %s (session %s) cancelled before it ran", job.id, session.id)
         return
     job.status = "running"
+    logger.info("everything job %s (session %s) started: %d batches", job.id, session.id, job.total)
     t = time.perf_counter()
     try:
         with service.lock:
@@ -337,9 +346,19 @@ def _run_everything(
             for r in records
         ]
         job.status = "done"
+        logger.info(
+            "everything job %s done in %.2f s: %d masks",
+            job.id,
+            time.perf_counter() - t,
+            len(job.result),
+        )
     except JobCancelled:
         job.status = "cancelled"
-    except Exception as exc:  # reported to the client through the progress endpoint
+        logger.info(
+            "everything job %s cancelled after %d of %d batches", job.id, job.done, job.total
+        )
+    except Exception as exc:  # the client reads one line through the progress endpoint
+        logger.exception("everything job %s failed after %.2f s", job.id, time.perf_counter() - t)
         job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
     finally:
         job.seconds = round(time.perf_counter() - t, 3)

@@ -11,6 +11,7 @@ instead of "not found".
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -20,6 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+
+from .errors import ServiceError
+
+logger = logging.getLogger(__name__)
 
 
 def nbytes(x: Any) -> int:
@@ -84,11 +89,15 @@ class Session:
         return nbytes(self.image) + nbytes(self.state) + answer + jobs
 
 
-class SessionError(Exception):
-    """Base of the errors a client gets for a session id; ``status`` is the HTTP status."""
+class SessionError(ServiceError):
+    """Base of the errors a client gets for a session id: a :class:`ServiceError` whose
+    status and code are the class's."""
 
     status = 404
     code = "session_not_found"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(type(self).status, type(self).code, detail)
 
 
 class SessionNotFound(SessionError):
@@ -163,6 +172,15 @@ class SessionStore:
             self._sessions[session.id] = session
             self._sizes[session.id] = size
             self.total_bytes += size
+            logger.info(
+                "%s session %s created: %.1f MiB (cache: %d sessions, %.1f of %.1f MiB)",
+                session.noun,
+                session.id,
+                size / 2**20,
+                len(self._sessions),
+                self.total_bytes / 2**20,
+                self.budget_bytes / 2**20,
+            )
             return self._evict_locked(keep=session.id)
 
     def get(self, session_id: str, kind: type | None = None) -> Any:
@@ -208,6 +226,7 @@ class SessionStore:
                 )
             del self._sessions[session_id]
             self.total_bytes -= self._sizes.pop(session_id)
+            logger.info("%s session %s deleted", s.noun, session_id)
             return s
 
     def stats(self) -> dict[str, Any]:
@@ -226,6 +245,7 @@ class SessionStore:
         s = self._sessions.pop(session_id)
         self.total_bytes -= self._sizes.pop(session_id)
         self._gone[session_id] = (why, s.noun)
+        logger.info("%s session %s %s", s.noun, session_id, why)
         while len(self._gone) > self._remember:
             self._gone.popitem(last=False)
         if self._on_drop is not None:

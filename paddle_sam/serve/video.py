@@ -18,6 +18,7 @@ server's coordinates are pixels of the video; the predictor's are normalised to 
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import shutil
@@ -32,8 +33,11 @@ import numpy as np
 
 from ..predict.io import coco_rle, decode_coco_rle
 from ..predict.video import VideoError, open_video
+from .errors import ServiceError
 from .service import JobCancelled, JobQueue, ModelService
 from .sessions import SessionStore
+
+logger = logging.getLogger(__name__)
 
 # -- the upload: container by its first bytes, then OpenCV --------------------------------
 
@@ -56,14 +60,6 @@ def sniff_video_format(head: bytes) -> str | None:
     if head[:4] == b"\x1a\x45\xdf\xa3":  # EBML: Matroska or WebM, told by the DocType
         return "WEBM" if b"webm" in head[:64] else "MKV"
     return None
-
-
-class VideoRefused(Exception):
-    """A video the service does not take: HTTP ``status``, error ``code``, one-line message."""
-
-    def __init__(self, status: int, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
 
 
 @dataclass(frozen=True)
@@ -93,13 +89,13 @@ def probe_video(path: Path, name: str, limits: VideoLimits) -> None:
     cap = cv2.VideoCapture(str(path), api)
     try:
         if not cap.isOpened():
-            raise VideoRefused(
+            raise ServiceError(
                 400, "invalid_video", f"{name}: corrupt or unreadable video (OpenCV cannot open it)"
             )
         width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
         height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
         if width * height > limits.max_pixels:
-            raise VideoRefused(
+            raise ServiceError(
                 413,
                 "video_too_large",
                 f"{name}: {width}x{height} pixels per frame is above the limit of "
@@ -112,16 +108,16 @@ def probe_video(path: Path, name: str, limits: VideoLimits) -> None:
     finally:
         cap.release()
     if count == 0:
-        raise VideoRefused(400, "invalid_video", f"{name}: the video has no frames")
+        raise ServiceError(400, "invalid_video", f"{name}: the video has no frames")
     if count > limits.max_frames:
-        raise VideoRefused(
+        raise ServiceError(
             413,
             "video_too_long",
             f"{name}: more than {limits.max_frames} frames, above the limit of "
             f"{limits.max_frames} frames per video (--max-video-frames)",
         )
     if math.isfinite(fps) and fps > 0 and count / fps > limits.max_seconds:
-        raise VideoRefused(
+        raise ServiceError(
             413,
             "video_too_long",
             f"{name}: {count / fps:.1f} s ({count} frames at {fps:g} fps), above the limit "
@@ -475,15 +471,23 @@ class VideoService:
             try:
                 frames = open_video(path, cache_frames=4)
             except VideoError as exc:
-                raise VideoRefused(400, "invalid_video", f"{name}: {exc}") from None
+                raise ServiceError(400, "invalid_video", f"{name}: {exc}") from None
             t = time.perf_counter()
             try:
                 sid = self.call({"type": "start_session", "resource_path": str(path)})["session_id"]
             except (ValueError, RuntimeError) as exc:
                 frames.close()
-                raise VideoRefused(400, "invalid_video", f"{name}: {exc}") from None
+                raise ServiceError(400, "invalid_video", f"{name}: {exc}") from None
             self.last_start_seconds = time.perf_counter() - t
             session = VideoSession(self.store.new_id(), sid, folder, path, name, frames)
+            logger.info(
+                "video %s opened in %.2f s: %d frames of %dx%d",
+                session.id,
+                self.last_start_seconds,
+                session.num_frames,
+                session.width,
+                session.height,
+            )
             self.measure(session)
             try:
                 self.store.add(session)
@@ -620,8 +624,17 @@ class VideoService:
         if job.cancel.is_set() or session.closed:
             job.status = "cancelled"
             stream.close()
+            logger.info("propagation %s (video %s) cancelled before it ran", job.id, session.id)
             return
         job.status = "running"
+        logger.info(
+            "propagation %s (video %s) started: %s from frame %d, %d frames",
+            job.id,
+            session.id,
+            job.direction,
+            job.start_frame,
+            job.total,
+        )
         t = time.perf_counter()
         measured = 0.0
         status, error = "done", None
@@ -660,7 +673,14 @@ class VideoService:
                 session.changed.clear()
         except JobCancelled:
             status = "cancelled"
-        except Exception as exc:  # reported to the client through the progress endpoint
+        except Exception as exc:  # the client reads one line through the progress endpoint
+            logger.exception(
+                "propagation %s (video %s) failed after %d of %d frames",
+                job.id,
+                session.id,
+                job.done,
+                job.total,
+            )
             status, error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
             try:
@@ -672,6 +692,15 @@ class VideoService:
             finally:
                 # the outcome last: a client that sees it finds the session settled
                 job.seconds = round(time.perf_counter() - t, 3)
+                if status != "failed":
+                    logger.info(
+                        "propagation %s %s in %.2f s: %d of %d frames",
+                        job.id,
+                        status,
+                        job.seconds,
+                        job.done,
+                        job.total,
+                    )
                 job.error = error
                 job.status = status
 
@@ -736,7 +765,6 @@ __all__ = [
     "ObjectResult",
     "PropagationJob",
     "VideoLimits",
-    "VideoRefused",
     "VideoService",
     "VideoSession",
     "deep_nbytes",

@@ -1,4 +1,5 @@
-"""The video mode's HTTP API (``/videos``) and its page (``/video``), over a ``VideoService``.
+"""The video mode's HTTP API (``/videos``) and its page (``/video``), as ``router`` (an
+``APIRouter``) over the app's ``VideoService`` (``app.state.videos``, :mod:`.state`).
 
 Without a video predictor (a SAM v1 model, or SAM 3 without the tracker's weights) every
 ``/videos`` route answers 400 ``video_not_supported`` with the reason, and the page says it.
@@ -8,28 +9,24 @@ from __future__ import annotations
 
 import base64
 import shutil
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import cv2
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from .errors import ServiceError
 from .guard import BodyTooLarge
-from .routes import STATIC_DIR, ApiError
+from .routes import STATIC_DIR
 from .schemas import VIDEO_UPLOAD_SCHEMA, PropagateRequest, VideoPromptRequest, mask_png
 from .service import QueueFull
-from .video import (
-    _EXTENSIONS,
-    VIDEO_FORMATS,
-    VideoRefused,
-    VideoService,
-    VideoSession,
-    sniff_video_format,
-)
+from .sessions import SessionStore
+from .state import Gates
+from .video import _EXTENSIONS, VIDEO_FORMATS, VideoService, VideoSession, sniff_video_format
 
 COPY_CHUNK = 1 << 20
 
@@ -42,7 +39,7 @@ def _stem(s: VideoSession) -> str:
 
 def _check_frame(s: VideoSession, index: int, what: str = "frame_index") -> int:
     if not 0 <= index < s.num_frames:
-        raise ApiError(
+        raise ServiceError(
             400,
             "invalid_frame",
             f"{what} {index} out of range: the video has {s.num_frames} frames "
@@ -65,7 +62,7 @@ def _objects_json(s: VideoSession, objects: list, outputs: list[str] | tuple[str
 
 def _check_xy(s: VideoSession, x: float, y: float, what: str) -> None:
     if not (0 <= x <= s.width and 0 <= y <= s.height):
-        raise ApiError(
+        raise ServiceError(
             400,
             "invalid_prompt",
             f"{what} ({x:g}, {y:g}) is outside the {s.width}x{s.height} video",
@@ -79,7 +76,7 @@ def _add_prompt_request(
     with the session's ``op_lock`` held (a new object's id is chosen here)."""
     detection = req.text is not None or req.boxes is not None
     if req.points is not None and detection:
-        raise ApiError(
+        raise ServiceError(
             400,
             "invalid_prompt",
             "points cannot be combined with text or boxes: text and boxes find every instance "
@@ -87,19 +84,19 @@ def _add_prompt_request(
             "other",
         )
     if req.points is None and not detection:
-        raise ApiError(400, "empty_prompt", "give text, boxes (exemplars) or points")
+        raise ServiceError(400, "empty_prompt", "give text, boxes (exemplars) or points")
     if req.obj_id is not None and req.points is None:
-        raise ApiError(400, "invalid_prompt", "obj_id goes with points (the object clicked)")
+        raise ServiceError(400, "invalid_prompt", "obj_id goes with points (the object clicked)")
     w, h = s.width, s.height
     out: dict[str, Any] = {"frame_index": _check_frame(s, req.frame_index)}
     if req.text is not None:
         if not req.text.strip():
-            raise ApiError(400, "invalid_prompt", "the text prompt is blank")
+            raise ServiceError(400, "invalid_prompt", "the text prompt is blank")
         out["text"] = req.text.strip()
     if req.boxes is not None:
         labels = req.box_labels if req.box_labels is not None else [1] * len(req.boxes)
         if len(labels) != len(req.boxes):
-            raise ApiError(
+            raise ServiceError(
                 400,
                 "invalid_prompt",
                 f"box_labels has {len(labels)} entries for {len(req.boxes)} boxes",
@@ -109,7 +106,7 @@ def _add_prompt_request(
             _check_xy(s, x0, y0, "box corner")
             _check_xy(s, x1, y1, "box corner")
             if not (x1 > x0 and y1 > y0):
-                raise ApiError(
+                raise ServiceError(
                     400,
                     "invalid_prompt",
                     f"box [{x0:g}, {y0:g}, {x1:g}, {y1:g}] is empty: it needs x1 > x0 and y1 > y0",
@@ -118,11 +115,11 @@ def _add_prompt_request(
         out["bounding_boxes"] = boxes
         out["bounding_box_labels"] = [int(v) for v in labels]
     elif req.box_labels is not None:
-        raise ApiError(400, "invalid_prompt", "box_labels without boxes")
+        raise ServiceError(400, "invalid_prompt", "box_labels without boxes")
     if req.points is not None:
         labels = req.labels if req.labels is not None else [1] * len(req.points)
         if len(labels) != len(req.points):
-            raise ApiError(
+            raise ServiceError(
                 400,
                 "invalid_prompt",
                 f"labels has {len(labels)} entries for {len(req.points)} points",
@@ -133,27 +130,27 @@ def _add_prompt_request(
         out["point_labels"] = [int(v) for v in labels]
         out["obj_id"] = req.obj_id if req.obj_id is not None else vs.next_obj_id(s)
     elif req.labels is not None:
-        raise ApiError(400, "invalid_prompt", "labels without points")
+        raise ServiceError(400, "invalid_prompt", "labels without points")
     return out
 
 
-def _refused(s: VideoSession, code: str, exc: ValueError) -> ApiError:
+def _refused(s: VideoSession, code: str, exc: ValueError) -> ServiceError:
     """The predictor's refusal of a request, or 410 when the session went meanwhile (evicted
     or expired while the request waited for the model)."""
     if s.closed:
-        return ApiError(
+        return ServiceError(
             410,
             "session_expired",
             f"session {s.id} was dropped while this request waited (memory budget or idle "
             "time); upload the video again for a new session",
         )
-    return ApiError(400, code, str(exc))
+    return ServiceError(400, code, str(exc))
 
 
 def _busy(s: VideoSession) -> None:
     job = s.active_job
     if job is not None:
-        raise ApiError(
+        raise ServiceError(
             409,
             "propagation_running",
             f"propagation {job.id} is {job.status} on this video: wait for it or cancel it "
@@ -161,309 +158,335 @@ def _busy(s: VideoSession) -> None:
         )
 
 
-def add_video_routes(app: FastAPI, video: VideoService | None, refusal: str, store: Any) -> None:
-    """The video page and ``/videos`` routes; ``refusal``: why there is no video mode when
-    ``video`` is None."""
+@dataclass(frozen=True)
+class VideoMode:
+    """The video mode as a route sees it: the app's ``VideoService`` (None without one, and
+    ``refusal`` says why), the session cache and the app's gates."""
 
-    @app.exception_handler(VideoRefused)
-    async def _refused(request: Request, exc: VideoRefused):
-        return JSONResponse({"error": exc.code, "detail": exc.detail}, status_code=exc.status)
+    videos: VideoService | None
+    refusal: str
+    store: SessionStore
+    gates: Gates
 
-    @app.get("/video", include_in_schema=False)
-    def video_page() -> FileResponse:
-        return FileResponse(STATIC_DIR / "video.html")
+    def service(self) -> VideoService:
+        """The video service; 400 ``video_not_supported`` without one."""
+        if self.videos is None:
+            raise ServiceError(400, "video_not_supported", self.refusal)
+        return self.videos
 
-    def service() -> VideoService:
-        if video is None:
-            raise ApiError(400, "video_not_supported", refusal)
-        return video
+    def session(self, session_id: str) -> VideoSession:
+        self.service()
+        return self.store.get(session_id, VideoSession)
 
-    def session(session_id: str) -> VideoSession:
-        service()
-        return store.get(session_id, VideoSession)
 
-    # at most two videos checked and opened at a time (each decodes the whole file once)
-    starting = threading.BoundedSemaphore(2)
+async def _video_mode(request: Request) -> VideoMode:
+    state = request.app.state
+    return VideoMode(state.videos, state.limits.video_refusal, state.store, state.gates)
 
-    def _start(folder: Path, upload: Path, name: str) -> VideoSession:
-        vs = service()
-        with open(upload, "rb") as f:
-            head = f.read(64)
-        if not head:
-            raise ApiError(400, "invalid_upload", "empty upload: send a video file")
-        fmt = sniff_video_format(head)
-        if fmt is None:
-            raise ApiError(
-                400, "invalid_video", f"{name}: not a video: the formats read are {VIDEO_FORMATS}"
-            )
-        path = upload.with_name("video" + _EXTENSIONS[fmt])
-        upload.rename(path)
-        with starting:
-            return vs.start(folder, path, name)
 
-    @app.post(
-        "/videos",
-        status_code=201,
-        summary="upload a video (multipart field 'video', or the raw bytes); opens a session",
-        openapi_extra=VIDEO_UPLOAD_SCHEMA,
+Mode = Annotated[VideoMode, Depends(_video_mode)]
+
+router = APIRouter()
+
+
+@router.get("/video", include_in_schema=False)
+def video_page() -> FileResponse:
+    return FileResponse(STATIC_DIR / "video.html")
+
+
+def _start(mode: VideoMode, folder: Path, upload: Path, name: str) -> VideoSession:
+    vs = mode.service()
+    with open(upload, "rb") as f:
+        head = f.read(64)
+    if not head:
+        raise ServiceError(400, "invalid_upload", "empty upload: send a video file")
+    fmt = sniff_video_format(head)
+    if fmt is None:
+        raise ServiceError(
+            400, "invalid_video", f"{name}: not a video: the formats read are {VIDEO_FORMATS}"
+        )
+    path = upload.with_name("video" + _EXTENSIONS[fmt])
+    upload.rename(path)
+    with mode.gates.video_starts:
+        return vs.start(folder, path, name)
+
+
+@router.post(
+    "/videos",
+    status_code=201,
+    summary="upload a video (multipart field 'video', or the raw bytes); opens a session",
+    openapi_extra=VIDEO_UPLOAD_SCHEMA,
+)
+async def create_video(request: Request, mode: Mode) -> dict:
+    vs = mode.service()
+    folder = vs.new_folder()
+    upload = folder / "upload"
+    name = "upload"
+    try:
+        ctype = request.headers.get("content-type", "").lower()
+        if ctype.startswith("multipart/form-data"):
+            try:
+                form = await request.form(max_files=1, max_fields=4)
+            except BodyTooLarge:
+                raise
+            except Exception as exc:  # starlette's MultiPartException
+                raise ServiceError(
+                    400, "invalid_upload", f"malformed multipart body: {exc}"
+                ) from None
+            try:
+                part = form.get("video")
+                if part is None or isinstance(part, str):
+                    raise ServiceError(
+                        400,
+                        "invalid_upload",
+                        "multipart upload needs a file field named 'video'",
+                    )
+                name = part.filename or name
+                with open(upload, "wb") as f:  # the guard kept it within the limit
+                    await run_in_threadpool(shutil.copyfileobj, part.file, f, COPY_CHUNK)
+            finally:
+                await form.close()
+        else:
+            with open(upload, "wb") as f:
+                async for chunk in request.stream():
+                    f.write(chunk)
+        t = time.perf_counter()
+        s = await run_in_threadpool(_start, mode, folder, upload, name)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return {
+        **s.to_json(),
+        "open_seconds": round(time.perf_counter() - t, 4),
+    }
+
+
+@router.get("/videos/{session_id}", summary="a video session: size, objects, propagation")
+def get_video(session_id: str, mode: Mode) -> dict:
+    return mode.session(session_id).to_json()
+
+
+@router.delete("/videos/{session_id}", summary="free a video session (cancels its propagation)")
+def delete_video(session_id: str, mode: Mode) -> dict:
+    vs = mode.service()
+    s = mode.store.delete(session_id, VideoSession)
+    vs.close(s)
+    return {"deleted": session_id}
+
+
+@router.get(
+    "/videos/{session_id}/frames/{index}.jpg",
+    summary="frame `index` as JPEG",
+    response_class=Response,
+)
+def frame_jpeg(session_id: str, index: int, mode: Mode) -> Response:
+    s = mode.session(session_id)
+    _check_frame(s, index, "frame")
+    rgb = s.rgb(index)
+    ok, data = cv2.imencode(".jpg", rgb[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])
+    if not ok:
+        raise ServiceError(500, "internal_error", f"frame {index} could not be encoded as JPEG")
+    return Response(
+        data.tobytes(),
+        media_type="image/jpeg",
+        headers={"Cache-Control": "private, max-age=3600"},
     )
-    async def create_video(request: Request) -> dict:
-        vs = service()
-        folder = vs.new_folder()
-        upload = folder / "upload"
-        name = "upload"
+
+
+@router.get(
+    "/videos/{session_id}/frames/{index}",
+    summary="the objects on frame `index` (ids, scores, boxes, masks): for scrubbing",
+)
+def frame_results(
+    session_id: str,
+    index: int,
+    mode: Mode,
+    outputs: list[str] = Query(default=["rle"]),  # noqa: B008 - FastAPI's idiom
+) -> dict:
+    s = mode.session(session_id)
+    _check_frame(s, index, "frame")
+    wanted = [v for part in outputs for v in part.split(",") if v]
+    bad = sorted(set(wanted) - {"rle", "png"})
+    if bad:
+        raise ServiceError(400, "invalid_request", f"outputs are 'rle' and 'png', not {bad}")
+    with s.lock:
+        objects = s.results.get(index)
+        version = s.version
+        stale = sorted(s.changed)
+    return {
+        "session_id": s.id,
+        "frame_index": index,
+        "has_results": objects is not None,
+        "objects": _objects_json(s, objects or [], wanted),
+        "changed_objects": stale,
+        "version": version,
+    }
+
+
+@router.get(
+    "/videos/{session_id}/frames/{index}/masks/{obj_id}.png",
+    summary="object `obj_id`'s mask on frame `index` as PNG (255 inside)",
+    response_class=Response,
+)
+def frame_mask(session_id: str, index: int, obj_id: int, mode: Mode) -> Response:
+    s = mode.session(session_id)
+    _check_frame(s, index, "frame")
+    with s.lock:
+        objects = s.results.get(index) or []
+    found = next((o for o in objects if o.obj_id == obj_id), None)
+    if found is None:
+        raise ServiceError(
+            404, "no_such_mask", f"object {obj_id} has no mask on frame {index} (yet)"
+        )
+    return Response(
+        mask_png(found.mask()),
+        media_type="image/png",
+        headers={"Content-Disposition": f'attachment; filename="mask_{index:05d}_{obj_id}.png"'},
+    )
+
+
+@router.post(
+    "/videos/{session_id}/prompt",
+    summary="text, exemplar boxes or an object's clicks on one frame; its objects",
+)
+def video_prompt(session_id: str, req: VideoPromptRequest, mode: Mode) -> dict:
+    vs = mode.service()
+    s = mode.session(session_id)
+    with s.op_lock:
+        _busy(s)
+        request = _add_prompt_request(vs, s, req)
+        t = time.perf_counter()
         try:
-            ctype = request.headers.get("content-type", "").lower()
-            if ctype.startswith("multipart/form-data"):
-                try:
-                    form = await request.form(max_files=1, max_fields=4)
-                except BodyTooLarge:
-                    raise
-                except Exception as exc:  # starlette's MultiPartException
-                    raise ApiError(
-                        400, "invalid_upload", f"malformed multipart body: {exc}"
-                    ) from None
-                try:
-                    part = form.get("video")
-                    if part is None or isinstance(part, str):
-                        raise ApiError(
-                            400,
-                            "invalid_upload",
-                            "multipart upload needs a file field named 'video'",
-                        )
-                    name = part.filename or name
-                    with open(upload, "wb") as f:  # the guard kept it within the limit
-                        await run_in_threadpool(shutil.copyfileobj, part.file, f, COPY_CHUNK)
-                finally:
-                    await form.close()
-            else:
-                with open(upload, "wb") as f:
-                    async for chunk in request.stream():
-                        f.write(chunk)
-            t = time.perf_counter()
-            s = await run_in_threadpool(_start, folder, upload, name)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        return {
-            **s.to_json(),
-            "open_seconds": round(time.perf_counter() - t, 4),
-        }
+            frame, objects = vs.prompt(s, request)
+        except ValueError as exc:
+            raise _refused(s, "invalid_prompt", exc) from None
+        t_model = time.perf_counter() - t
+        body = s.to_json()
+    return {
+        "session_id": s.id,
+        "frame_index": frame,
+        "obj_id": request.get("obj_id"),
+        "objects": _objects_json(s, objects, req.outputs),
+        "needs_propagation": body["needs_propagation"],
+        "timings_ms": {"model": round(t_model * 1e3, 2)},
+    }
 
-    @app.get("/videos/{session_id}", summary="a video session: size, objects, propagation")
-    def get_video(session_id: str) -> dict:
-        return session(session_id).to_json()
 
-    @app.delete("/videos/{session_id}", summary="free a video session (cancels its propagation)")
-    def delete_video(session_id: str) -> dict:
-        service()
-        s = store.delete(session_id, VideoSession)
-        video.close(s)
-        return {"deleted": session_id}
-
-    @app.get(
-        "/videos/{session_id}/frames/{index}.jpg",
-        summary="frame `index` as JPEG",
-        response_class=Response,
-    )
-    def frame_jpeg(session_id: str, index: int) -> Response:
-        s = session(session_id)
-        _check_frame(s, index, "frame")
-        rgb = s.rgb(index)
-        ok, data = cv2.imencode(".jpg", rgb[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])
-        if not ok:
-            raise ApiError(500, "internal_error", f"frame {index} could not be encoded as JPEG")
-        return Response(
-            data.tobytes(),
-            media_type="image/jpeg",
-            headers={"Cache-Control": "private, max-age=3600"},
-        )
-
-    @app.get(
-        "/videos/{session_id}/frames/{index}",
-        summary="the objects on frame `index` (ids, scores, boxes, masks): for scrubbing",
-    )
-    def frame_results(
-        session_id: str,
-        index: int,
-        outputs: list[str] = Query(default=["rle"]),  # noqa: B008 - FastAPI's idiom
-    ) -> dict:
-        s = session(session_id)
-        _check_frame(s, index, "frame")
-        wanted = [v for part in outputs for v in part.split(",") if v]
-        bad = sorted(set(wanted) - {"rle", "png"})
-        if bad:
-            raise ApiError(400, "invalid_request", f"outputs are 'rle' and 'png', not {bad}")
-        with s.lock:
-            objects = s.results.get(index)
-            version = s.version
-            stale = sorted(s.changed)
-        return {
-            "session_id": s.id,
-            "frame_index": index,
-            "has_results": objects is not None,
-            "objects": _objects_json(s, objects or [], wanted),
-            "changed_objects": stale,
-            "version": version,
-        }
-
-    @app.get(
-        "/videos/{session_id}/frames/{index}/masks/{obj_id}.png",
-        summary="object `obj_id`'s mask on frame `index` as PNG (255 inside)",
-        response_class=Response,
-    )
-    def frame_mask(session_id: str, index: int, obj_id: int) -> Response:
-        s = session(session_id)
-        _check_frame(s, index, "frame")
-        with s.lock:
-            objects = s.results.get(index) or []
-        found = next((o for o in objects if o.obj_id == obj_id), None)
-        if found is None:
-            raise ApiError(
-                404, "no_such_mask", f"object {obj_id} has no mask on frame {index} (yet)"
+@router.delete(
+    "/videos/{session_id}/objects/{obj_id}", summary="stop tracking an object (every frame)"
+)
+def remove_object(session_id: str, obj_id: int, mode: Mode) -> dict:
+    vs = mode.service()
+    s = mode.session(session_id)
+    with s.op_lock:
+        _busy(s)
+        if obj_id not in s.objects:
+            raise ServiceError(
+                404,
+                "object_not_found",
+                f"no object {obj_id} in this video (objects: {sorted(s.objects)})",
             )
-        return Response(
-            mask_png(found.mask()),
-            media_type="image/png",
-            headers={
-                "Content-Disposition": f'attachment; filename="mask_{index:05d}_{obj_id}.png"'
-            },
-        )
+        try:
+            vs.remove_object(s, obj_id)
+        except ValueError as exc:
+            raise _refused(s, "invalid_request", exc) from None
+    return {"removed": obj_id, "objects": sorted(s.objects)}
 
-    @app.post(
-        "/videos/{session_id}/prompt",
-        summary="text, exemplar boxes or an object's clicks on one frame; its objects",
-    )
-    def video_prompt(session_id: str, req: VideoPromptRequest) -> dict:
-        vs = service()
-        s = session(session_id)
-        with s.op_lock:
-            _busy(s)
-            request = _add_prompt_request(vs, s, req)
-            t = time.perf_counter()
-            try:
-                frame, objects = vs.prompt(s, request)
-            except ValueError as exc:
-                raise _refused(s, "invalid_prompt", exc) from None
-            t_model = time.perf_counter() - t
-            body = s.to_json()
-        return {
-            "session_id": s.id,
-            "frame_index": frame,
-            "obj_id": request.get("obj_id"),
-            "objects": _objects_json(s, objects, req.outputs),
-            "needs_propagation": body["needs_propagation"],
-            "timings_ms": {"model": round(t_model * 1e3, 2)},
-        }
 
-    @app.delete(
-        "/videos/{session_id}/objects/{obj_id}", summary="stop tracking an object (every frame)"
-    )
-    def remove_object(session_id: str, obj_id: int) -> dict:
-        vs = service()
-        s = session(session_id)
-        with s.op_lock:
-            _busy(s)
-            if obj_id not in s.objects:
-                raise ApiError(
-                    404,
-                    "object_not_found",
-                    f"no object {obj_id} in this video (objects: {sorted(s.objects)})",
-                )
-            try:
-                vs.remove_object(s, obj_id)
-            except ValueError as exc:
-                raise _refused(s, "invalid_request", exc) from None
-        return {"removed": obj_id, "objects": sorted(s.objects)}
+@router.post("/videos/{session_id}/reset", summary="forget every prompt, object and result")
+def reset_video(session_id: str, mode: Mode) -> dict:
+    vs = mode.service()
+    s = mode.session(session_id)
+    with s.op_lock:
+        _busy(s)
+        try:
+            vs.reset(s)
+        except ValueError as exc:
+            raise _refused(s, "invalid_request", exc) from None
+    return s.to_json()
 
-    @app.post("/videos/{session_id}/reset", summary="forget every prompt, object and result")
-    def reset_video(session_id: str) -> dict:
-        vs = service()
-        s = session(session_id)
-        with s.op_lock:
-            _busy(s)
-            try:
-                vs.reset(s)
-            except ValueError as exc:
-                raise _refused(s, "invalid_request", exc) from None
-        return s.to_json()
 
-    @app.post(
-        "/videos/{session_id}/propagate",
-        status_code=202,
-        summary="track the objects through the video; poll the job for progress",
-    )
-    def propagate(session_id: str, req: PropagateRequest) -> dict:
-        vs = service()
-        s = session(session_id)
-        if req.start_frame_index is not None:
-            _check_frame(s, req.start_frame_index, "start_frame_index")
-        with s.op_lock:
-            _busy(s)
-            if not s.prompted_frames:
-                raise ApiError(
-                    409,
-                    "nothing_to_propagate",
-                    "nothing to propagate: prompt a frame first (text, a box or a click)",
-                )
-            try:
-                job = vs.start_propagation(s, req.direction, req.start_frame_index, req.max_frames)
-            except QueueFull as exc:
-                raise ApiError(429, "queue_full", str(exc), headers={"Retry-After": "5"}) from None
-            except ValueError as exc:
-                raise _refused(s, "invalid_request", exc) from None
-        return job.to_json()
-
-    def _job(s: VideoSession, job_id: str):
-        job = s.jobs.get(job_id)
-        if job is None:
-            raise ApiError(
-                404, "job_not_found", f"unknown propagation {job_id!r} in video session {s.id}"
+@router.post(
+    "/videos/{session_id}/propagate",
+    status_code=202,
+    summary="track the objects through the video; poll the job for progress",
+)
+def propagate(session_id: str, req: PropagateRequest, mode: Mode) -> dict:
+    vs = mode.service()
+    s = mode.session(session_id)
+    if req.start_frame_index is not None:
+        _check_frame(s, req.start_frame_index, "start_frame_index")
+    with s.op_lock:
+        _busy(s)
+        if not s.prompted_frames:
+            raise ServiceError(
+                409,
+                "nothing_to_propagate",
+                "nothing to propagate: prompt a frame first (text, a box or a click)",
             )
-        return job
+        try:
+            job = vs.start_propagation(s, req.direction, req.start_frame_index, req.max_frames)
+        except QueueFull as exc:
+            raise ServiceError(429, "queue_full", str(exc), headers={"Retry-After": "5"}) from None
+        except ValueError as exc:
+            raise _refused(s, "invalid_request", exc) from None
+    return job.to_json()
 
-    @app.get("/videos/{session_id}/propagate/{job_id}", summary="a propagation's progress")
-    def propagation_status(session_id: str, job_id: str) -> dict:
-        return _job(session(session_id), job_id).to_json()
 
-    @app.delete(
-        "/videos/{session_id}/propagate/{job_id}",
-        summary="cancel a propagation (it stops after the frame in progress)",
-    )
-    def cancel_propagation(session_id: str, job_id: str) -> dict:
-        job = _job(session(session_id), job_id)
-        if job.active:
-            job.cancel.set()
-        return job.to_json()
-
-    @app.get(
-        "/videos/{session_id}/results.json",
-        summary="YouTube-VIS style results (COCO RLE per object and frame), as paddle-sam track",
-    )
-    def results_json(session_id: str) -> JSONResponse:
-        vs = service()
-        s = session(session_id)
-        stem = _stem(s)
-        return JSONResponse(
-            vs.results_json(s),
-            headers={"Content-Disposition": f'attachment; filename="{stem}_results.json"'},
+def _job(s: VideoSession, job_id: str):
+    job = s.jobs.get(job_id)
+    if job is None:
+        raise ServiceError(
+            404, "job_not_found", f"unknown propagation {job_id!r} in video session {s.id}"
         )
+    return job
 
-    @app.get(
-        "/videos/{session_id}/overlay.mp4",
-        summary="the frames with results, objects drawn with their ids and scores (MP4)",
-        response_class=FileResponse,
+
+@router.get("/videos/{session_id}/propagate/{job_id}", summary="a propagation's progress")
+def propagation_status(session_id: str, job_id: str, mode: Mode) -> dict:
+    return _job(mode.session(session_id), job_id).to_json()
+
+
+@router.delete(
+    "/videos/{session_id}/propagate/{job_id}",
+    summary="cancel a propagation (it stops after the frame in progress)",
+)
+def cancel_propagation(session_id: str, job_id: str, mode: Mode) -> dict:
+    job = _job(mode.session(session_id), job_id)
+    if job.active:
+        job.cancel.set()
+    return job.to_json()
+
+
+@router.get(
+    "/videos/{session_id}/results.json",
+    summary="YouTube-VIS style results (COCO RLE per object and frame), as paddle-sam track",
+)
+def results_json(session_id: str, mode: Mode) -> JSONResponse:
+    vs = mode.service()
+    s = mode.session(session_id)
+    stem = _stem(s)
+    return JSONResponse(
+        vs.results_json(s),
+        headers={"Content-Disposition": f'attachment; filename="{stem}_results.json"'},
     )
-    def overlay_mp4(session_id: str) -> FileResponse:
-        vs = service()
-        s = session(session_id)
-        if not s.results:
-            raise ApiError(
-                409, "no_results", "no frame has results yet: prompt a frame or propagate first"
-            )
-        path = vs.overlay_video(s)
-        stem = _stem(s)
-        return FileResponse(path, media_type="video/mp4", filename=f"{stem}_overlay.mp4")
 
 
-__all__ = ["add_video_routes"]
+@router.get(
+    "/videos/{session_id}/overlay.mp4",
+    summary="the frames with results, objects drawn with their ids and scores (MP4)",
+    response_class=FileResponse,
+)
+def overlay_mp4(session_id: str, mode: Mode) -> FileResponse:
+    vs = mode.service()
+    s = mode.session(session_id)
+    if not s.results:
+        raise ServiceError(
+            409, "no_results", "no frame has results yet: prompt a frame or propagate first"
+        )
+    path = vs.overlay_video(s)
+    stem = _stem(s)
+    return FileResponse(path, media_type="video/mp4", filename=f"{stem}_overlay.mp4")
+
+
+__all__ = ["VideoMode", "router"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import socket
 import struct
@@ -409,6 +410,90 @@ def test_everything_with_crops_and_cancel_on_delete(client, images):
     assert jobobj.status == "cancelled" and jobobj.done < jobobj.total
 
 
+# -- the log: failures with their traceback, the client one line -------------------------
+
+
+def test_failed_job_logs_its_traceback_and_the_client_gets_one_line(
+    model, images, monkeypatch, caplog
+):
+    from paddle_sam.predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+
+    def exploding_batch(self, *args, **kwargs):
+        raise RuntimeError("the grid exploded")
+
+    monkeypatch.setattr(SamAutomaticMaskGenerator, "_process_batch", exploding_batch)
+    caplog.set_level(logging.INFO, logger="paddle_sam.serve")
+    with TestClient(create_app(model)) as c:
+        sid = upload(c, images["b"])["session_id"]
+        r = c.post(f"/sessions/{sid}/everything", json={"points_per_side": 4})
+        assert r.status_code == 202, r.text
+        j = _wait_job(c, sid, r.json()["job_id"])
+    assert j["status"] == "failed"
+    assert j["error"] == "RuntimeError: the grid exploded"  # one line, no traceback
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(failed) == 1 and failed[0].name == "paddle_sam.serve.service"
+    assert j["job_id"] in failed[0].getMessage() and failed[0].exc_info is not None
+    text = caplog.text
+    assert "Traceback" in text and "exploding_batch" in text and "the grid exploded" in text
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(f"session {sid} created" in m for m in info), info
+    assert any(f"job {j['job_id']}" in m and "started" in m for m in info), info
+
+
+def test_unexpected_error_is_a_one_line_500_with_the_traceback_logged(
+    model, images, monkeypatch, caplog
+):
+    caplog.set_level(logging.INFO, logger="paddle_sam.serve")
+    app = create_app(model)
+
+    def broken_predict(state, **kwargs):
+        raise KeyError("low_res_masks")
+
+    c = TestClient(app, raise_server_exceptions=False)
+    sid = upload(c, images["b"])["session_id"]
+    monkeypatch.setattr(app.state.service, "predict", broken_predict)
+    r = prompt(c, sid, points=[[5, 5]])
+    assert_error(r, 500, "internal_error", "KeyError", "low_res_masks")
+    assert "Traceback" not in r.text and "\n" not in r.json()["detail"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].name == "paddle_sam.serve.errors"
+    assert f"/sessions/{sid}/prompt" in errors[0].getMessage()
+    assert "Traceback" in caplog.text and "broken_predict" in caplog.text
+    # a refusal is no failure: nothing at error level
+    caplog.clear()
+    assert_error(prompt(c, sid), 400, "empty_prompt")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_configure_logging_writes_paddle_sam_records_to_stderr(capsys):
+    from paddle_sam.serve.logs import StderrHandler, configure_logging
+
+    logger = logging.getLogger("paddle_sam")
+    level, handlers, propagate = logger.level, list(logger.handlers), logger.propagate
+    try:
+        configure_logging("warning")
+        configure_logging("info")  # again: replaces its handler, does not add a second
+        assert sum(isinstance(h, StderrHandler) for h in logger.handlers) == 1
+        assert logger.propagate is False  # not printed again by the root logger's handler
+        log = logging.getLogger("paddle_sam.serve.test")
+        log.debug("not shown")
+        log.info("session %s created", "abc")
+        try:
+            raise ValueError("inside")
+        except ValueError:
+            log.exception("job failed")
+        err = capsys.readouterr().err
+        assert "INFO paddle_sam.serve.test: session abc created" in err
+        assert "ERROR paddle_sam.serve.test: job failed" in err
+        assert "Traceback" in err and "ValueError: inside" in err and "not shown" not in err
+        with pytest.raises(ValueError, match="log level must be one of"):
+            configure_logging("loud")
+    finally:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 # -- load: 8 clients x 50 clicks over real HTTP ------------------------------------------
 
 
@@ -477,9 +562,9 @@ def test_serve_cli_runs_a_checkpoint(tmp_path, images, bundled):
     bundled default model), binds loopback, serves."""
     import httpx
 
-    from paddle_sam.loading.sam_v1 import load_sam
     from paddle_sam.cli import DEFAULT_MODEL
     from paddle_sam.convert.core import save_pdparams
+    from paddle_sam.loading.sam_v1 import load_sam
 
     if bundled:
         model, ckpt_args = load_sam(DEFAULT_MODEL), []

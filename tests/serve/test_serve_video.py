@@ -13,6 +13,7 @@ the MP4 decodes to the frames with results), the memory budget shared with image
 from __future__ import annotations
 
 import base64
+import logging
 import threading
 import time
 from pathlib import Path
@@ -519,7 +520,8 @@ def test_a_deleted_session_stops_its_propagation(model, clip):
 # -- memory budget -------------------------------------------------------------------------
 
 
-def test_video_sessions_count_against_the_memory_budget(model, clip):
+def test_video_sessions_count_against_the_memory_budget(model, clip, caplog):
+    caplog.set_level(logging.INFO, logger="paddle_sam.serve")
     app = create_app(model)
     store, predictor = app.state.store, app.state.videos.predictor
     with TestClient(app) as c:
@@ -574,6 +576,14 @@ def test_video_sessions_count_against_the_memory_budget(model, clip):
         assert job["status"] == "failed" and 1 <= job["done"] < NUM_FRAMES, job
         assert "above the server's memory budget" in job["error"]
         assert "--memory-budget-mb" in job["error"]
+        assert "\n" not in job["error"] and "Traceback" not in job["error"]
+        # the log has the failure with its traceback, and the evictions
+        failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert [r.name for r in failed] == ["paddle_sam.serve.video"]
+        assert job["job_id"] in failed[0].getMessage() and failed[0].exc_info is not None
+        assert "Traceback" in caplog.text and "MemoryError" in caplog.text
+        messages = [r.getMessage() for r in caplog.records]
+        assert f"video session {a['session_id']} was evicted" in " ".join(messages)
         assert c.get("/health").json()["sessions"]["count"] == 1  # the others evicted
         assert c.get(f"/videos/{d}/frames/0").json()["has_results"] is True
 
