@@ -232,8 +232,8 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
     if "paddle" in impls:
         paths["paddle"] = pdparams
     if "static" in impls:
-        from paddle_sam.loading.sam3 import load_sam3
         from paddle_sam.export.sam3 import export_sam3
+        from paddle_sam.loading.sam3 import load_sam3
 
         export_sam3(load_sam3(pdparams), tmp / "export")
         paths["static"] = tmp / "export"

@@ -246,8 +246,8 @@ def prepare(tmp: Path, frames: int) -> dict[str, Any]:
     """The video folder, the weights (``.pt`` and its conversion) and the threshold."""
     import paddle
 
-    from paddle_sam.loading.sam3 import build_sam3_video_predictor
     from paddle_sam.convert.checkpoint import convert_checkpoint
+    from paddle_sam.loading.sam3 import build_sam3_video_predictor
     from tests.conftest import find_reference_dir
     from tests.helpers.video import write_frames
     from tests.models.test_full_size_sam3_tracker import release_memory

@@ -264,8 +264,8 @@ def write_weights(model_type: str, impls: Sequence[str], tmp: Path) -> dict[str,
     if "paddle" in impls:
         paths["paddle"] = pdparams
     if "static" in impls:
-        from paddle_sam.loading.sam_v1 import load_sam
         from paddle_sam.export.sam_v1 import export_sam
+        from paddle_sam.loading.sam_v1 import load_sam
 
         export_sam(load_sam(pdparams, model_type), tmp / "exported", model_type=model_type)
         paths["static"] = tmp / "exported"

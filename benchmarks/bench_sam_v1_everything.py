@@ -156,8 +156,8 @@ def write_weights(args: argparse.Namespace, tmp: Path) -> dict[str, str]:
     convert_checkpoint(pth, pdparams, args.model_type, progress=False)
     paths = {"torch": str(pth), "paddle": str(pdparams)}
     if "static" in args.impl:
-        from paddle_sam.loading.sam_v1 import load_sam
         from paddle_sam.export.sam_v1 import export_sam
+        from paddle_sam.loading.sam_v1 import load_sam
 
         export_sam(
             load_sam(pdparams, args.model_type), tmp / "exported", model_type=args.model_type

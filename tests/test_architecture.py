@@ -185,3 +185,89 @@ def test_models_are_a_leaf_without_file_io(path):
                     problems.append(f"line {node.lineno}: imports {mod}")
     assert not problems, f"{path.relative_to(PACKAGE.parent)}:\n" + "\n".join(problems)
 
+
+def _module_file(dotted: list[str]) -> Path | None:
+    """The file of a ``paddle_sam`` module path (a package's ``__init__.py``), or None when the
+    path names something else (a function or class imported from a module)."""
+    base = PACKAGE.parent.joinpath(*dotted)
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _file_edges() -> dict[Path, dict[Path, int]]:
+    """``{importer: {imported file: line}}`` between the package's files, lazy imports
+    included; ``from pkg import name`` counts as an import of ``pkg/name.py`` where that file
+    exists, else of ``pkg``."""
+    edges: dict[Path, dict[Path, int]] = {}
+    for path in TREES:
+        here = _module_name(path)
+        package = here if path.name == "__init__.py" else here[:-1]
+        for node in ast.walk(TREES[path]):
+            targets: list[list[str]] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name.split(".") for a in node.names if a.name.startswith("paddle_sam")]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1]
+                    base = base + (node.module.split(".") if node.module else [])
+                elif (node.module or "").split(".")[0] == "paddle_sam":
+                    base = node.module.split(".")
+                else:
+                    continue
+                for alias in node.names:
+                    sub = base + [alias.name]
+                    targets.append(sub if _module_file(sub) is not None else base)
+            for dotted in targets:
+                target = _module_file(dotted)
+                if target is not None and target != path:
+                    edges.setdefault(path, {}).setdefault(target, node.lineno)
+    return edges
+
+
+def test_no_two_files_import_each_other():
+    """No import circle between files, direct or through others (Tarjan's strongly connected
+    components of the file graph): each file can be read knowing only what it imports."""
+    edges = _file_edges()
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on_stack: set[Path] = set()
+    circles: list[list[Path]] = []
+
+    def visit(v: Path) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(component)
+
+    for v in sorted(TREES):
+        if v not in index:
+            visit(v)
+    lines = []
+    for component in circles:
+        members = set(component)
+        for a in sorted(component):
+            for b, line in sorted(edges.get(a, {}).items()):
+                if b in members:
+                    rel = a.relative_to(PACKAGE.parent)
+                    lines.append(f"{rel}:{line} imports {b.relative_to(PACKAGE.parent)}")
+        lines.append("")
+    assert not circles, "files in an import circle:\n" + "\n".join(lines)

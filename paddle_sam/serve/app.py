@@ -25,9 +25,12 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from .._version import __version__
-from ..models.sam_v1.sam import Sam
-from ..predict.base import InteractivePredictor
-from ..predict.sam_v1.predictor import PredictorBase, SamPredictor
+from ..loading import (
+    as_image_predictor,
+    as_video_predictor,
+    image_predictor_of_video,
+    is_video_model,
+)
 from . import routes, video_routes
 from .config import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -53,56 +56,6 @@ NO_VIDEO_MODEL = (
     "'paddle-sam serve --model-type sam3 --checkpoint sam3.pt' (the released file, or a "
     ".pdparams converted from it with its tracker)"
 )
-
-
-def video_predictor(video: Any) -> Any:
-    """A ``Sam3VideoPredictor`` (anything with ``handle_request`` and
-    ``handle_stream_request``), or SAM 3's video model wrapped in one."""
-    if video is None or hasattr(video, "handle_stream_request"):
-        return video
-    from ..predict.sam3.video_predictor import Sam3VideoPredictor
-
-    return Sam3VideoPredictor(video)
-
-
-def image_model_of(video: Any) -> Any:
-    """The image model inside SAM 3's video model (or predictor), able to answer clicks: its
-    detector, given the tracker as ``predict_inst``'s interactive predictor (upstream's image
-    model holds the same: a ``SAM3InteractiveImagePredictor`` around a tracker with the same
-    ``tracker.*`` weights). The video code never reads it; the weights are not copied."""
-    from ..models.sam3.interactive import SAM3InteractiveImagePredictor
-
-    model = getattr(video, "model", video) if hasattr(video, "handle_request") else video
-    detector = model.detector
-    if detector.inst_interactive_predictor is None:
-        detector.inst_interactive_predictor = SAM3InteractiveImagePredictor(model.tracker)
-    return detector
-
-
-def _is_video(x: Any) -> bool:
-    from ..models.sam3.sam3_video_inference import Sam3VideoInferenceWithInstanceInteractivity
-
-    return isinstance(x, Sam3VideoInferenceWithInstanceInteractivity) or (
-        hasattr(x, "handle_stream_request")
-        and isinstance(getattr(x, "model", None), Sam3VideoInferenceWithInstanceInteractivity)
-    )
-
-
-def as_predictor(model_or_predictor: Any, caller: str) -> InteractivePredictor:
-    """A SAM model wrapped in a ``SamPredictor``, a SAM 3 image model in a ``Sam3Predictor``,
-    a predictor as it is; TypeError naming ``caller`` for anything else."""
-    from ..models.sam3.sam3_image import Sam3Image
-    from ..predict.sam3.predictor import Sam3Predictor
-
-    if isinstance(model_or_predictor, Sam):
-        return SamPredictor(model_or_predictor)
-    if isinstance(model_or_predictor, Sam3Image):
-        return Sam3Predictor(model_or_predictor)
-    if isinstance(model_or_predictor, PredictorBase | Sam3Predictor):
-        return model_or_predictor
-    raise TypeError(
-        f"{caller} needs a SAM model or a predictor, got {type(model_or_predictor).__name__}"
-    )
 
 
 def create_app(
@@ -143,15 +96,14 @@ def create_app(
     ``max_video_pixels`` (per frame). Video sessions share ``memory_budget_mb`` with images.
     """
     check_token(token)
-    from ..predict.sam3.predictor import Sam3Predictor
-
-    if _is_video(model_or_predictor) and video is None:
+    if is_video_model(model_or_predictor) and video is None:
         # SAM 3's video model alone: its detector (the image model, with the tracker's heads
         # for clicks) answers the image page, the same weights the video mode
-        video = video_predictor(model_or_predictor)
-        model_or_predictor = Sam3Predictor(image_model_of(video))
+        video = as_video_predictor(model_or_predictor)
+        model_or_predictor = image_predictor_of_video(video)
 
-    service = ModelService(as_predictor(model_or_predictor, "create_app"), model_type, threads)
+    predictor = as_image_predictor(model_or_predictor, "create_app")
+    service = ModelService(predictor, model_type, threads)
     videos: VideoService | None = None
 
     def on_drop(session: Any) -> None:
@@ -163,7 +115,7 @@ def create_app(
     jobs = JobQueue(max_queued_jobs)
     max_video_upload = int(max_video_upload_mb * 2**20)
     limits = VideoLimits(max_video_upload, max_video_frames, max_video_seconds, max_video_pixels)
-    video = video_predictor(video)
+    video = as_video_predictor(video)
     if video is not None:
         videos = VideoService(service, video, store, jobs, limits)
 
@@ -235,7 +187,7 @@ def create_label_studio_app(
     from .label_studio import LabelStudioBackend, router
 
     service = ModelService(
-        as_predictor(model_or_predictor, "create_label_studio_app"), model_type, threads
+        as_image_predictor(model_or_predictor, "create_label_studio_app"), model_type, threads
     )
     store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s)
     max_upload = int(max_upload_mb * 2**20)
@@ -268,4 +220,4 @@ def create_label_studio_app(
     return app
 
 
-__all__ = ["as_predictor", "create_app", "create_label_studio_app"]
+__all__ = ["create_app", "create_label_studio_app"]

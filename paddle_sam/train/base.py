@@ -186,12 +186,12 @@ class TrainerBase:
         """The sidecar's ``training`` record: the recipe, steps, processes and metrics. A run
         that starts from a model trained by paddle-sam (``model.checkpoint``) continues that
         model's record: ``recipe`` lists every stage and ``total_steps`` counts them all."""
-        from ..convert.core import read_sidecar
+        from ..loading import sniff
 
         record = {"steps": self.step, "world_size": self.world, **metrics}
         this = f"{self.recipe} ({self.step} steps)" if self.recipe else f"({self.step} steps)"
         start = self.cfg.model.checkpoint
-        prior = ((read_sidecar(start) or {}).get("training") if start else None) or {}
+        prior = (sniff(start).meta.get("training") if start else None) or {}
         steps = prior.get("total_steps", prior.get("steps"))
         if not isinstance(steps, int):  # from scratch, or weights trained elsewhere
             return {"recipe": this, **record} if self.recipe else record

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family
 from paddle_sam.convert.sam_v1 import random_official_state_dict
+from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.predict.sam3.processor import Sam3Processor
 from tests.cli.test_cli import _check_mask, _test_image, assert_user_error, run
 from tests.helpers.pairs import TINY as SAM1_TINY

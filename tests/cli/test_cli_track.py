@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from paddle_sam.loading.sam3 import load_sam3_tracker
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint
+from paddle_sam.loading.sam3 import load_sam3_tracker
 from tests.cli.test_cli import assert_user_error, run
 from tests.helpers.sam3_ref import tiny_sam3_spec
 from tests.helpers.video import scene, write_frames, write_mp4

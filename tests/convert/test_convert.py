@@ -18,7 +18,6 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam.loading.sam_v1 import build_sam, load_sam, sam_model_registry
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import (
     CONVERTER_VERSION,
@@ -35,6 +34,7 @@ from paddle_sam.convert.sam_v1 import (
     expected_layout,
     random_official_state_dict,
 )
+from paddle_sam.loading.sam_v1 import build_sam, load_sam, sam_model_registry
 from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from tests.conftest import find_reference_dir
 from tests.helpers.pairs import TINY

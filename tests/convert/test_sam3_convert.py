@@ -13,8 +13,6 @@ import paddle
 import pytest
 
 from paddle_sam import cli
-from paddle_sam.loading.sam3 import build_sam3_image_model
-from paddle_sam.loading.sam_v1 import load_sam
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint, read_sam3_weights
 from paddle_sam.convert.core import (
@@ -24,6 +22,8 @@ from paddle_sam.convert.core import (
     read_sidecar,
 )
 from paddle_sam.convert.torch_reader import load_state_dict
+from paddle_sam.loading.sam3 import build_sam3_image_model
+from paddle_sam.loading.sam_v1 import load_sam
 from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 
 # every size small; the vocabulary stays CLIP's (the tokenizer needs it)

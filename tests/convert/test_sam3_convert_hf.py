@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from paddle_sam import cli
-from paddle_sam.loading.sam3 import build_sam3_image_model
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert import sam3_hf
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, read_sam3_weights
 from paddle_sam.convert.core import CheckpointFormatError, CheckpointMismatchError, read_sidecar
+from paddle_sam.loading.sam3 import build_sam3_image_model
 from tests.convert.test_sam3_convert import TINY
 
 torch = pytest.importorskip("torch")

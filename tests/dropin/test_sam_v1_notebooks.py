@@ -601,8 +601,8 @@ def bundled_pair():
     its masks are objects of the example image, where random weights give noise that covers
     the whole image (and one mask after NMS)."""
     from paddle_sam.align.reference import build_reference_sam
-    from paddle_sam.loading.sam_v1 import DEFAULT_MODEL, load_sam
     from paddle_sam.convert.sam_v1 import expected_layout
+    from paddle_sam.loading.sam_v1 import DEFAULT_MODEL, load_sam
 
     ours = load_sam(DEFAULT_MODEL)
     ref = build_reference_sam(ours.spec)

@@ -22,11 +22,11 @@ import pytest
 from PIL import Image
 
 from paddle_sam.align.sam_v1 import compare
-from paddle_sam.loading.sam3 import build_sam3_image_model, load_sam3
 from paddle_sam.convert.core import save_pdparams
 from paddle_sam.deploy.sam3 import StaticSam3Processor
 from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam3 import FUSED_KERNEL, PromptDecoder, attention_kernel, export_sam3
+from paddle_sam.loading.sam3 import build_sam3_image_model, load_sam3
 from paddle_sam.predict.sam3.processor import Sam3Processor
 from tests.helpers.sam3_ref import attention_path, run_prompts, tiny_sam3_spec
 

@@ -248,9 +248,9 @@ def test_label_sam3_concepts(dataset, tmp_path):
 
     from pycocotools import mask as mask_utils
 
-    from paddle_sam.loading.sam3 import load_sam3_predictor
     from paddle_sam.convert import sam3 as conv
     from paddle_sam.convert.checkpoint import convert_checkpoint
+    from paddle_sam.loading.sam3 import load_sam3_predictor
     from paddle_sam.predict.io import load_image
     from tests.helpers.sam3_ref import tiny_sam3_spec
 

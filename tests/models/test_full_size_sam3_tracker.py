@@ -304,8 +304,8 @@ def compare(ref: list[tuple], ours: list[tuple]) -> dict:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, reference_dir):
-    from paddle_sam.loading.sam3 import load_sam3_tracker
     from paddle_sam.convert.checkpoint import convert_checkpoint
+    from paddle_sam.loading.sam3 import load_sam3_tracker
 
     pytest.importorskip("torch")
     pytest.importorskip("sam3")

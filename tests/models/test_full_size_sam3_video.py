@@ -213,8 +213,8 @@ def compare(ref: list[dict], ours: list[dict]) -> dict:
 def measured(tmp_path_factory, reference_dir):
     pytest.importorskip("torch")
     pytest.importorskip("sam3")
-    from paddle_sam.loading.sam3 import build_sam3_video_predictor
     from paddle_sam.cli import main as cli
+    from paddle_sam.loading.sam3 import build_sam3_video_predictor
     from tests.helpers.sam3_video import reference_patches
     from tests.helpers.video import write_frames
     from tests.models.test_full_size_sam3_tracker import peak_rss_mb, release_memory

@@ -10,10 +10,10 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import CheckpointFormatError, read_sidecar, sidecar_path
 from paddle_sam.convert.sam3 import random_released_state_dict
+from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec, build_sam3_model
 from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
 

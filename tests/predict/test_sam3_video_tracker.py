@@ -13,10 +13,10 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_sam.loading.sam3 import build_sam3_video_model, build_tracker, load_sam3_tracker
 from paddle_sam.convert import sam3 as convert_sam3
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import CheckpointMismatchError
+from paddle_sam.loading.sam3 import build_sam3_video_model, build_tracker, load_sam3_tracker
 from paddle_sam.models.sam3.build_sam3 import SAM3_SPEC, TRACKER_SETTINGS
 from paddle_sam.predict.video import VideoError
 from tests.helpers.sam3_ref import (

@@ -645,7 +645,8 @@ def test_serve_command_line_video_mode(monkeypatch, tmp_path, capsys):
 
     import uvicorn
 
-    import paddle_sam.loading.sam3 as build
+    import paddle_sam.loading as loading
+    import paddle_sam.loading.registry as registry
     import paddle_sam.serve
     from paddle_sam.cli import main
 
@@ -661,18 +662,22 @@ def test_serve_command_line_video_mode(monkeypatch, tmp_path, capsys):
         def __init__(self, model, confidence_threshold):
             self.model, self.threshold = model, confidence_threshold
 
+    def fake_video(source, **kw):
+        return video_model, {"checkpoint_path": str(source.path), **kw}
+
     monkeypatch.setattr(paddle_sam.serve, "create_app", fake_create_app, raising=False)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
-    monkeypatch.setattr(build, "build_sam3_video_model", lambda **kw: (video_model, kw))
-    monkeypatch.setattr(build, "load_sam3_predictor", lambda *a: ("image only", a))
-    monkeypatch.setattr("paddle_sam.serve.app.image_model_of", lambda v: ("detector of", v))
-    monkeypatch.setattr("paddle_sam.predict.sam3.predictor.Sam3Predictor", FakePredictor)
+    monkeypatch.setattr(registry, "load_video_predictor", fake_video)
+    monkeypatch.setattr(loading, "load_image_predictor", lambda source, **kw: ("image only", kw))
+    monkeypatch.setattr(
+        loading, "image_predictor_of_video", lambda v, t: FakePredictor(("detector of", v), t)
+    )
     ckpt = tmp_path / "sam3.pt"
     ckpt.write_bytes(b"weights")
     base = ["serve", "--model-type", "sam3", "--port", "0", "--checkpoint", str(ckpt)]
 
     assert main([*base, "--max-video-frames", "50", "--max-video-seconds", "7.5"]) == 0
-    assert built["video"] == (video_model, {"checkpoint_path": str(ckpt), "bpe_path": None})
+    assert built["video"] == (video_model, {"checkpoint_path": str(ckpt), "bpe": None})
     assert built["model"].model == ("detector of", built["video"])
     assert built["video_refusal"] is None
     assert built["max_video_frames"] == 50 and built["max_video_seconds"] == 7.5
@@ -696,10 +701,10 @@ def test_serve_command_line_video_mode(monkeypatch, tmp_path, capsys):
     # a tracker part with the heads only (what clicks on images need): images only, and why
     from paddle_sam.convert.core import CheckpointMismatchError
 
-    def no_memory(**kw):
+    def no_memory(source, **kw):
         raise CheckpointMismatchError("missing keys: maskmem_backbone.mask_downsampler...")
 
-    monkeypatch.setattr(build, "build_sam3_video_model", no_memory)
+    monkeypatch.setattr(registry, "load_video_predictor", no_memory)
     assert main(base) == 0
     assert built["video"] is None and built["model"][0] == "image only"
     assert "maskmem_backbone" in built["video_refusal"]

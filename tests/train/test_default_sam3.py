@@ -90,9 +90,12 @@ def test_concept_check_needs_every_instance(tmp_path):
 def test_commands_without_a_default_sam3(monkeypatch, tmp_path, capsys):
     """An install without the bundled SAM 3: --text without --checkpoint is a one-line error
     that says how to get one, for every command that takes SAM 3."""
-    import paddle_sam.loading.sam3 as build
+    import dataclasses
 
-    monkeypatch.setattr(build, "DEFAULT_SAM3_MODEL", tmp_path / "missing.pdparams")
+    from paddle_sam.loading import FAMILIES
+
+    missing = dataclasses.replace(FAMILIES["sam3"], default=tmp_path / "missing.pdparams")
+    monkeypatch.setitem(FAMILIES, "sam3", missing)
     commands = [
         ["segment", str(EXAMPLE), "--text", "star", "-o", str(tmp_path / "seg")],
         ["eval", "--model-type", "sam3", "--format", "concepts", "--num-images", "1"],
