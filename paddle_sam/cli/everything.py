@@ -88,47 +88,50 @@ def _jsonable(v: Any) -> Any:
 
 def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The automatic mask generator's options (upstream's names), for ``everything`` and
-    ``label --everything``."""
+    ``label --everything``; the defaults are the generator's own."""
+    from ..predict.sam_v1.automatic_mask_generator import generator_defaults
+
+    defaults = generator_defaults()
     parser.add_argument(
         "--points-per-side",
         type=bounded(int, 1, MAX_POINTS_PER_SIDE),
-        default=32,
+        default=defaults["points_per_side"],
         help=f"grid of N x N prompt points, 1 to {MAX_POINTS_PER_SIDE} (default: %(default)s)",
     )
     parser.add_argument(
         "--points-per-batch",
         type=bounded(int, 1, MAX_POINTS_PER_BATCH),
-        default=64,
+        default=defaults["points_per_batch"],
         help=f"prompts decoded at once, 1 to {MAX_POINTS_PER_BATCH} (default: %(default)s)",
     )
     parser.add_argument(
         "--pred-iou-thresh",
         type=bounded(float, 0.0, 1.0),
-        default=0.88,
+        default=defaults["pred_iou_thresh"],
         help="keep masks whose predicted IoU is above this, in [0, 1] (default: %(default)s)",
     )
     parser.add_argument(
         "--stability-score-thresh",
         type=bounded(float, 0.0, 1.0),
-        default=0.95,
+        default=defaults["stability_score_thresh"],
         help="keep masks at least this stable, in [0, 1] (default: %(default)s)",
     )
     parser.add_argument(
         "--box-nms-thresh",
         type=bounded(float, 0.0, 1.0),
-        default=0.7,
+        default=defaults["box_nms_thresh"],
         help="box IoU above which duplicates are removed, in [0, 1] (default: %(default)s)",
     )
     parser.add_argument(
         "--crop-n-layers",
         type=bounded(int, 0, MAX_CROP_N_LAYERS),
-        default=0,
+        default=defaults["crop_n_layers"],
         help=f"layers of image crops, 0 to {MAX_CROP_N_LAYERS} (default: %(default)s)",
     )
     parser.add_argument(
         "--min-mask-region-area",
         type=bounded(int, 0, MAX_REGION_AREA),
-        default=0,
+        default=defaults["min_mask_region_area"],
         help="remove holes and islands under this many pixels, 0 (off) to "
         f"{MAX_REGION_AREA} (default: %(default)s)",
     )

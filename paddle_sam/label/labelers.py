@@ -9,17 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..predict.io import coco_rle
+from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 
 # the generator options a labelling job may set (upstream's names), with their defaults
-EVERYTHING_DEFAULTS: dict[str, Any] = {
-    "points_per_side": 32,
-    "points_per_batch": 64,
-    "pred_iou_thresh": 0.88,
-    "stability_score_thresh": 0.95,
-    "box_nms_thresh": 0.7,
-    "crop_n_layers": 0,
-    "min_mask_region_area": 0,
-}
+EVERYTHING_DEFAULTS: dict[str, Any] = generator_defaults()
 
 
 @dataclass(frozen=True)

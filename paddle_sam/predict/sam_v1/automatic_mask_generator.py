@@ -14,6 +14,7 @@ of the exported runtime (``predict_point_grid``). The model may also be an expor
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -377,3 +378,22 @@ class SamAutomaticMaskGenerator:
                 mask_data["boxes"][i] = boxes[i]
         mask_data.filter(keep)
         return mask_data
+
+
+#: the options a command or a labelling job may set, by upstream's names
+GENERATOR_OPTIONS = (
+    "points_per_side",
+    "points_per_batch",
+    "pred_iou_thresh",
+    "stability_score_thresh",
+    "box_nms_thresh",
+    "crop_n_layers",
+    "min_mask_region_area",
+)
+
+
+def generator_defaults() -> dict[str, Any]:
+    """The defaults of :data:`GENERATOR_OPTIONS`, read from the generator's signature
+    (upstream's), their one home."""
+    params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
+    return {name: params[name].default for name in GENERATOR_OPTIONS}
