@@ -18,7 +18,7 @@ from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import CheckpointFormatError, read_sidecar, sidecar_path
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.predict import io as sam_io
-from tests.helpers.pairs import TINY
+from tests.helpers.specs import TINY
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
 pytestmark = pytest.mark.filterwarnings(

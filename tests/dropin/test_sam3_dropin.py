@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -33,17 +32,15 @@ from tests.helpers.sam3_ref import (
     perturb_module_,
     reference_tracker,
     reference_vision_backbone,
-    tiny_sam3_spec,
     tracker_cpu_patches,
 )
+from tests.helpers.specs import tiny_sam3_spec, tiny_sam3_tracker_spec
 from tests.models.test_sam3_heads import load_from_torch
 from tests.models.test_sam3_model import build_reference, image
 
 torch, _ = import_sam3()
 
-# the tracker's SAM heads keep the released widths (256 channels, 8 heads, MLP 2048), so the
-# detector's d_model (which sizes the SAM 2 neck) is 256 too; 112 px images, 8 x 8 tokens
-SPEC = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+SPEC = tiny_sam3_tracker_spec()
 SIDE = SPEC.image_size // SPEC.vit_patch_size
 IMAGE_HW = [(90, 130), (64, 80)]
 
