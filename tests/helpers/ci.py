@@ -23,7 +23,8 @@ def in_ci() -> bool:
 
 def missing(reason: str) -> NoReturn:
     """Stop the test for lack of something it needs: ``pytest.skip(reason)``, or in CI
-    ``pytest.fail`` with the same reason."""
+    ``pytest.fail`` with the same reason. Reported at the caller's line."""
+    __tracebackhide__ = True
     if in_ci():
         pytest.fail(f"{reason} (missing in CI, which provides it)", pytrace=False)
     pytest.skip(reason)
