@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.ci import missing
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
@@ -49,19 +51,20 @@ def find_reference_dir() -> Path:
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
     """../shared/reference next to the repository (CI lays it out the same way); from a git
-    worktree nested deeper (``/work/wt/NAME``), the nearest ancestor's ``shared/reference``."""
+    worktree nested deeper (``/work/wt/NAME``), the nearest ancestor's ``shared/reference``.
+    Missing: a skip, a failure in CI."""
     d = find_reference_dir()
     if not d.is_dir():
-        pytest.skip(f"reference checkpoint key lists not found at {d}")
+        missing(f"reference checkpoint key lists not found at {d}")
     return d
 
 
 @pytest.fixture(scope="session")
 def bpe_path(reference_dir: Path) -> str:
-    """The official BPE vocabulary in ``shared/reference`` (the test skips without it)."""
+    """The official BPE vocabulary in ``shared/reference``; missing: a skip, a failure in CI."""
     from tests.helpers.sam3_ref import BPE_NAME
 
     path = reference_dir / BPE_NAME
     if not path.is_file():
-        pytest.skip(f"{path} not found")
+        missing(f"{path} not found")
     return str(path)

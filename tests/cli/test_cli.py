@@ -18,7 +18,7 @@ from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.convert.core import CheckpointFormatError, read_sidecar, sidecar_path
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.predict import io as sam_io
-from tests.helpers.pairs import TINY
+from tests.helpers.specs import TINY
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
 pytestmark = pytest.mark.filterwarnings(
@@ -369,10 +369,10 @@ def test_random_checkpoint_command_output_converts(work, capsys, monkeypatch):
 
 
 def test_segment_prompt_errors(tiny_ckpt, image_png, tmp_path, capsys, monkeypatch):
-    def no_model(args):
+    def no_model(*args, **kwargs):
         raise AssertionError("prompts must be checked before the model is loaded")
 
-    monkeypatch.setattr(cli.segment, "load_model", no_model)
+    monkeypatch.setattr(cli.segment, "image_predictor", no_model)
     base = seg(image_png, tmp_path / "o", tiny_ckpt)
     assert_user_error(capsys, base, "--point", "--box")  # no prompt at all
     assert_user_error(capsys, base + ["--point", "1,2,3,4"], "--point", "1,2,3,4")

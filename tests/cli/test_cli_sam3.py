@@ -18,8 +18,8 @@ from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.predict.sam3.processor import Sam3Processor
 from tests.cli.test_cli import _check_mask, _test_image, assert_user_error, run
-from tests.helpers.pairs import TINY as SAM1_TINY
-from tests.helpers.sam3_ref import tiny_sam3_spec
+from tests.helpers.specs import TINY as SAM1_TINY
+from tests.helpers.specs import tiny_sam3_spec
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"

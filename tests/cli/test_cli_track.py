@@ -4,7 +4,6 @@ that decodes back; the masks equal the tracker API's for the same prompts; one-l
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.loading.sam3 import load_sam3_tracker
 from tests.cli.test_cli import assert_user_error, run
-from tests.helpers.sam3_ref import tiny_sam3_spec
+from tests.helpers.specs import tiny_sam3_tracker_spec
 from tests.helpers.video import scene, write_frames, write_mp4
 
 pytestmark = pytest.mark.filterwarnings(
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 # the tracker keeps the released widths (d_model 256, FFN 2048) on a tiny ViT
-SPEC = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+SPEC = tiny_sam3_tracker_spec()
 FRAMES, H, W = 6, 60, 80
 
 

@@ -37,7 +37,7 @@ from paddle_sam.convert.sam_v1 import (
 from paddle_sam.loading.sam_v1 import build_sam, load_sam, sam_model_registry
 from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from tests.conftest import find_reference_dir
-from tests.helpers.pairs import TINY
+from tests.helpers.specs import TINY
 
 REFERENCE = find_reference_dir()
 

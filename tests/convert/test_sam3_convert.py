@@ -24,29 +24,9 @@ from paddle_sam.convert.core import (
 from paddle_sam.convert.torch_reader import load_state_dict
 from paddle_sam.loading.sam3 import build_sam3_image_model
 from paddle_sam.loading.sam_v1 import load_sam
-from paddle_sam.models.sam3.build_sam3 import Sam3Spec
+from tests.helpers.specs import one_layer_sam3_spec
 
-# every size small; the vocabulary stays CLIP's (the tokenizer needs it)
-TINY = Sam3Spec(
-    image_size=112,
-    pretrain_image_size=56,
-    encoder_embed_dim=32,
-    encoder_depth=2,
-    encoder_num_heads=2,
-    window_size=4,
-    encoder_global_attn_indexes=(1,),
-    text_width=32,
-    text_heads=2,
-    text_layers=1,
-    context_length=8,
-    d_model=32,
-    num_heads=2,
-    dim_feedforward=48,
-    encoder_layers=1,
-    decoder_layers=1,
-    num_queries=6,
-    geometry_layers=1,
-)
+TINY = one_layer_sam3_spec()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from paddle_sam.convert import sam3_hf
 from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family, read_sam3_weights
 from paddle_sam.convert.core import CheckpointFormatError, CheckpointMismatchError, read_sidecar
 from paddle_sam.loading.sam3 import build_sam3_image_model
-from tests.convert.test_sam3_convert import TINY
+from tests.helpers.specs import one_layer_sam3_spec
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,6 +31,7 @@ POINTS = tuple(
     for n in ("points_direct_project", "points_pool_project", "points_pos_enc_project")
 )
 POS_EMBED = "backbone.vision_backbone.trunk.pos_embed"
+TINY = one_layer_sam3_spec()
 
 
 def hf_config(spec=TINY):

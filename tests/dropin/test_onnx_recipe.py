@@ -28,7 +28,8 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("paddle2onnx")
 
 from paddle_sam.export.onnx import EXTRA_METRICS_OUTPUTS, export_onnx  # noqa: E402
-from tests.helpers.pairs import TINY, image, make_pair  # noqa: E402
+from tests.helpers.pairs import image, make_pair  # noqa: E402
+from tests.helpers.specs import TINY  # noqa: E402
 
 # the official export script's options, one decoder pair each
 VARIANTS = {

@@ -19,7 +19,6 @@ without npm) locally, and fails in CI where npm is there but the package is not.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 from functools import partial
@@ -40,6 +39,7 @@ from tests.dropin.test_onnx_recipe import (  # noqa: E402
     SCORE_ATOL,
     web_demo_feeds,
 )
+from tests.helpers.ci import missing  # noqa: E402
 from tests.helpers.pairs import image as make_image  # noqa: E402
 from tests.helpers.server import tiny_model  # noqa: E402
 from tests.serve.test_e2e_browser import (  # noqa: E402, F401 - the fixture is used by name
@@ -65,9 +65,7 @@ def _ort_web_dist() -> Path:
         return dist
     if shutil.which("npm") is None:
         pytest.skip("npm not installed, so no onnxruntime-web (sudo apt-get install -y npm)")
-    if os.environ.get("CI"):
-        pytest.fail(f"{dist} is missing in CI; 'make test' installs it (make onnxruntime-web)")
-    pytest.skip(f"onnxruntime-web not installed at {ORT_WEB} (make onnxruntime-web)")
+    missing(f"onnxruntime-web not installed at {ORT_WEB} (make onnxruntime-web; make test does)")
 
 
 class _Handler(SimpleHTTPRequestHandler):

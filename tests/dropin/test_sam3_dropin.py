@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -32,17 +32,15 @@ from tests.helpers.sam3_ref import (
     perturb_module_,
     reference_tracker,
     reference_vision_backbone,
-    tiny_sam3_spec,
     tracker_cpu_patches,
 )
+from tests.helpers.specs import tiny_sam3_spec, tiny_sam3_tracker_spec
 from tests.models.test_sam3_heads import load_from_torch
 from tests.models.test_sam3_model import build_reference, image
 
 torch, _ = import_sam3()
 
-# the tracker's SAM heads keep the released widths (256 channels, 8 heads, MLP 2048), so the
-# detector's d_model (which sizes the SAM 2 neck) is 256 too; 112 px images, 8 x 8 tokens
-SPEC = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+SPEC = tiny_sam3_tracker_spec()
 SIDE = SPEC.image_size // SPEC.vit_patch_size
 IMAGE_HW = [(90, 130), (64, 80)]
 
@@ -459,9 +457,32 @@ def draw_both(plt, ref_draw, our_draw, background=None, figsize=(3, 2)) -> np.nd
     return pixels[1]
 
 
+def test_viz_mirrors_the_implementation(viz, monkeypatch):
+    """``paddle_sam.visualization_utils`` (upstream's path) re-exports every public name of
+    the implementation in ``predict``, and a palette assigned to it is the one drawn with."""
+    impl = importlib.import_module("paddle_sam.predict.sam3.visualization_utils")
+    defined = set()  # the names its top-level functions, classes and assignments define
+    for node in ast.parse(inspect.getsource(impl)).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    public = {name for name in defined if not name.startswith("_")} | {"COLORS"}
+    assert set(viz.__all__) == public
+    for name in public:
+        assert getattr(viz, name) is getattr(impl, name), name
+    palette = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    monkeypatch.setattr(viz, "COLORS", palette)
+    assert impl.COLORS is palette and viz.COLORS is palette
+    np.testing.assert_array_equal(impl._color(3), palette[1])
+    monkeypatch.undo()  # deletes it: the default palette is made again
+    assert impl.COLORS is not palette and viz.COLORS is impl.COLORS
+    assert viz.COLORS.shape == (128, 3)
+
+
 def test_viz_needs_matplotlib_only_when_drawing(monkeypatch):
     """Importing works without matplotlib; drawing says how to install it."""
-    path = importlib.util.find_spec("paddle_sam.visualization_utils").origin
+    path = importlib.util.find_spec("paddle_sam.predict.sam3.visualization_utils").origin
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError

@@ -33,7 +33,8 @@ pytest.importorskip("torchvision")
 pytest.importorskip("segment_anything")
 
 from paddle_sam import build_sam  # noqa: E402
-from tests.helpers.pairs import TINY, image, make_pair  # noqa: E402
+from tests.helpers.pairs import image, make_pair  # noqa: E402
+from tests.helpers.specs import TINY  # noqa: E402
 from tests.predict.test_amg import _compare_records  # noqa: E402
 
 PACKAGE = Path(__file__).resolve().parents[2] / "paddle_sam"

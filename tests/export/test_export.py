@@ -22,7 +22,8 @@ from paddle_sam.export.sam_v1 import (
     decoder_formulation,
     export_sam,
 )
-from tests.helpers.pairs import TINY, image
+from tests.helpers.pairs import image
+from tests.helpers.specs import TINY
 
 H, W = 150, 230
 

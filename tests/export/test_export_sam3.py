@@ -28,7 +28,8 @@ from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam3 import FUSED_KERNEL, PromptDecoder, attention_kernel, export_sam3
 from paddle_sam.loading.sam3 import build_sam3_image_model, load_sam3
 from paddle_sam.predict.sam3.processor import Sam3Processor
-from tests.helpers.sam3_ref import attention_path, run_prompts, tiny_sam3_spec
+from tests.helpers.sam3_ref import attention_path, run_prompts
+from tests.helpers.specs import tiny_sam3_spec
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"

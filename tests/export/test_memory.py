@@ -19,14 +19,15 @@ import pytest
 
 from paddle_sam import build_sam
 from paddle_sam.export.sam_v1 import export_sam
-from tests.helpers.pairs import TINY
+from tests.helpers.specs import TINY
 
 SCRIPT = textwrap.dedent(
     """
     import gc, json, sys
     import numpy as np, paddle, psutil
     sys.path.insert(0, {root!r})
-    from tests.helpers.pairs import TINY, image
+    from tests.helpers.pairs import image
+    from tests.helpers.specs import TINY
     from paddle_sam import SamPredictor, build_sam
     from paddle_sam.deploy import StaticSamPredictor
 

@@ -21,7 +21,8 @@ from paddle_sam import SamPredictor, build_sam  # noqa: E402
 from paddle_sam.deploy import OnnxSamPredictor  # noqa: E402
 from paddle_sam.deploy.sam_v1 import ExportFormatError  # noqa: E402
 from paddle_sam.export.onnx import export_onnx  # noqa: E402
-from tests.helpers.pairs import TINY, image  # noqa: E402
+from tests.helpers.pairs import image  # noqa: E402
+from tests.helpers.specs import TINY  # noqa: E402
 
 H, W = 150, 230
 FLOAT = 1  # onnx.TensorProto.FLOAT

@@ -1,1 +1,2 @@
-"""Shared test helpers: tiny model pairs, the sam3 reference harness, a threaded server."""
+"""Shared test helpers: the tiny model sizes, tiny model pairs, the sam3 reference harness, a
+threaded server."""

@@ -8,37 +8,6 @@ import paddle
 from paddle_sam.loading.sam_v1 import build_sam
 from paddle_sam.models.sam_v1.build_sam import SamSpec
 
-# window 5 on a 16x16 grid: padding in every windowed block; one global block
-TINY = SamSpec(
-    encoder_embed_dim=64,
-    encoder_depth=3,
-    encoder_num_heads=2,
-    encoder_global_attn_indexes=(1,),
-    image_size=256,
-    window_size=5,
-    prompt_embed_dim=32,
-    decoder_mlp_dim=64,
-    decoder_num_heads=2,
-    iou_head_hidden_dim=32,
-)
-# windows that tile the grid exactly, patch 8, more heads, two global blocks, deeper decoder
-TINY_B = SamSpec(
-    encoder_embed_dim=48,
-    encoder_depth=4,
-    encoder_num_heads=3,
-    encoder_global_attn_indexes=(1, 3),
-    image_size=128,
-    vit_patch_size=8,
-    window_size=4,
-    prompt_embed_dim=48,
-    mask_in_chans=8,
-    decoder_depth=3,
-    decoder_mlp_dim=96,
-    decoder_num_heads=4,
-    iou_head_depth=2,
-    iou_head_hidden_dim=24,
-)
-
 
 def make_pair(spec: SamSpec, seed: int = 0, scale: float = 0.1):
     """(torch_sam, paddle_sam) with the same perturbed random weights."""

@@ -207,32 +207,6 @@ def assert_close(
     return c, m, mean
 
 
-def tiny_sam3_spec():
-    """The reduced SAM 3 of the model, CLI and service tests: 112 px / patch 14 = 8 x 8 tokens,
-    windows of 4, FPN levels 32, 16, 8, 12 queries."""
-    from paddle_sam.models.sam3.build_sam3 import Sam3Spec
-
-    return Sam3Spec(
-        image_size=112,
-        pretrain_image_size=56,
-        encoder_embed_dim=32,
-        encoder_depth=2,
-        encoder_num_heads=2,
-        window_size=4,
-        encoder_global_attn_indexes=(1,),
-        text_width=32,
-        text_heads=2,
-        text_layers=2,
-        d_model=32,
-        num_heads=4,
-        dim_feedforward=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        num_queries=12,
-        geometry_layers=1,
-    )
-
-
 def reference_vision_backbone(spec: Any, add_sam2_neck: bool) -> Any:
     """The official ViT + dual neck (model_builder's configuration) at ``spec``'s sizes."""
     from sam3.model.necks import Sam3DualViTDetNeck

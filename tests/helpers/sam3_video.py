@@ -15,7 +15,6 @@ components given a batch of no mask (see ``reference_patches``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import warnings
 from unittest import mock
 
@@ -37,9 +36,9 @@ from tests.helpers.sam3_ref import (
     randomise_tracker_,
     reference_tracker,
     reference_vision_backbone,
-    tiny_sam3_spec,
     tracker_cpu_patches,
 )
+from tests.helpers.specs import tiny_sam3_tracker_spec
 from tests.helpers.video import scene
 from tests.models.test_sam3_heads import load_from_torch
 from tests.models.test_sam3_model import build_reference
@@ -47,7 +46,7 @@ from tests.models.test_sam3_model import build_reference
 torch, _ = import_sam3()
 
 # the tracker's heads keep the released widths whatever the detector's size
-SPEC = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+SPEC = tiny_sam3_tracker_spec()
 NUM_FRAMES = 5
 VIDEO_H, VIDEO_W = 90, 120
 TEXT = "a red square"

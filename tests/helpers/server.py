@@ -15,7 +15,7 @@ from paddle_sam.loading.sam_v1 import build_sam
 
 
 def tiny_model(seed: int = 0):
-    from tests.helpers.pairs import TINY
+    from tests.helpers.specs import TINY
 
     paddle.seed(seed)
     return build_sam(TINY)
@@ -65,7 +65,7 @@ def tiny_sam3_model(seed: int = 0, interactive: bool = False):
 
     from paddle_sam.loading.sam3 import build_sam3_image_model
     from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
-    from tests.helpers.sam3_ref import tiny_sam3_spec
+    from tests.helpers.specs import tiny_sam3_spec
 
     spec = tiny_sam3_spec()
     paddle.seed(seed)
@@ -118,16 +118,15 @@ def tiny_sam3_video_model(seed: int = 0, balance: bool = True, **settings):
     tell apart. Balanced (:func:`balance_video_model_` on a generated 4-frame video), the
     detector finds several objects of various sizes and a click gives a mask of part of the
     frame, so that wrong masks, ids or frames show."""
-    import dataclasses
     import tempfile
     import warnings
 
     from paddle_sam.loading.sam3 import build_sam3_video_model
     from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
-    from tests.helpers.sam3_ref import tiny_sam3_spec
+    from tests.helpers.specs import tiny_sam3_tracker_spec
     from tests.helpers.video import scene, write_frames
 
-    spec = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+    spec = tiny_sam3_tracker_spec()
     paddle.seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "the weights are random": on purpose

@@ -29,6 +29,20 @@ def scene(num_frames: int = 8, h: int = 60, w: int = 80) -> list[np.ndarray]:
     return frames
 
 
+def textured_ground(h: int, w: int) -> np.ndarray:
+    """An ``h x w x 3`` float32 ground of slow colour waves, 40 to 110 in each channel (the
+    full-size trackers' videos: shapes drawn on it, then noise)."""
+    yy, xx = np.mgrid[:h, :w].astype(np.float32)
+    return np.stack(
+        [
+            70 + 30 * np.sin(xx / 23.0) * np.cos(yy / 31.0),
+            90 + 25 * np.cos(yy / 17.0),
+            60 + 20 * np.sin((xx + yy) / 41.0),
+        ],
+        -1,
+    )
+
+
 def write_frames(frames: list[np.ndarray], folder: Path, ext: str = ".jpg") -> Path:
     """Frames as ``0.jpg``, ``1.jpg``, ... (JPEG quality 95) or other ``ext`` in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)

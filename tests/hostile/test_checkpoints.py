@@ -246,36 +246,17 @@ def test_hostile_checkpoint_is_one_line_error(
 def test_model_floor_is_a_lower_bound() -> None:
     """The sidecar check refuses a spec whose floor exceeds the file: the floor must never
     exceed the real model (built lazily here: shapes only)."""
-    import dataclasses
-
     import numpy as np
     import paddle
 
     from paddle_sam.convert.checkpoint import model_floor
     from paddle_sam.models.sam3.build_sam3 import SAM3_SPEC, build_sam3_model
     from paddle_sam.models.sam_v1.build_sam import SAM_SPECS, SamSpec, build_sam_model
+    from tests.helpers.specs import one_layer_sam3_spec
 
-    tiny3 = dataclasses.replace(
-        SAM3_SPEC,
-        image_size=112,
-        pretrain_image_size=56,
-        encoder_embed_dim=32,
-        encoder_depth=3,
-        encoder_num_heads=2,
-        window_size=4,
-        encoder_global_attn_indexes=(1,),
-        text_width=32,
-        text_heads=2,
-        text_layers=2,
-        context_length=8,
-        d_model=32,
-        num_heads=2,
-        dim_feedforward=48,
-        encoder_layers=2,
-        decoder_layers=1,
-        num_queries=6,
-        geometry_layers=1,
-        scale_factors=(2.0, 1.0),
+    # a deeper trunk, text encoder and detector encoder than the conversion tests', two FPN levels
+    tiny3 = one_layer_sam3_spec(
+        encoder_depth=3, text_layers=2, encoder_layers=2, scale_factors=(2.0, 1.0)
     )
     odd = SamSpec(24, 3, 3, (2,), 96, 8, 5, 2.5, 16, 4, 3, 8, 2, 2, 4, 8)
     cases = [*SAM_SPECS.values(), odd, SAM3_SPEC, tiny3]

@@ -118,9 +118,17 @@ def no_work(monkeypatch):
     from paddle_sam.train import synthetic
     from paddle_sam.train.sam_v1 import data
 
-    for module in (cli.common, cli.segment, cli.everything, cli.export, cli.train):
+    import paddle_sam.loading as loading
+    from paddle_sam.loading import registry
+
+    for module in (cli.common, cli.everything, cli.export, cli.train):
         monkeypatch.setattr(module, "load_model", _refuse("load_model"))
+    for module in (cli.common, cli.segment, cli.train):
+        monkeypatch.setattr(module, "image_predictor", _refuse("image_predictor"))
     monkeypatch.setattr(cli.segment, "exported_predictor", _refuse("exported_predictor"))
+    for module in (loading, registry):
+        for name in ("load_model", "load_image_predictor", "load_video_predictor"):
+            monkeypatch.setattr(module, name, _refuse(name))
     monkeypatch.setattr(sam_v1, "load_sam", _refuse("load_sam"))
     for name in ("load_sam3", "load_sam3_predictor"):
         monkeypatch.setattr(sam3, name, _refuse(name))

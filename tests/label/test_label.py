@@ -252,7 +252,7 @@ def test_label_sam3_concepts(dataset, tmp_path):
     from paddle_sam.convert.checkpoint import convert_checkpoint
     from paddle_sam.loading.sam3 import load_sam3_predictor
     from paddle_sam.predict.io import load_image
-    from tests.helpers.sam3_ref import tiny_sam3_spec
+    from tests.helpers.specs import tiny_sam3_spec
 
     torch = pytest.importorskip("torch")
     spec3 = tiny_sam3_spec()

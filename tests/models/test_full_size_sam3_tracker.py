@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
+
+from tests.helpers.video import textured_ground, write_frames
 
 pytestmark = pytest.mark.slow
 
@@ -63,14 +64,7 @@ def scene(num_frames: int = NUM_FRAMES, hw: tuple[int, int] = HW) -> list[np.nda
     h, w = hw
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[:h, :w].astype(np.float32)
-    ground = np.stack(
-        [
-            70 + 30 * np.sin(xx / 23.0) * np.cos(yy / 31.0),
-            90 + 25 * np.cos(yy / 17.0),
-            60 + 20 * np.sin((xx + yy) / 41.0),
-        ],
-        -1,
-    )
+    ground = textured_ground(h, w)
     frames = []
     for t in range(num_frames):
         img = ground + rng.normal(0, 4, ground.shape)
@@ -81,15 +75,6 @@ def scene(num_frames: int = NUM_FRAMES, hw: tuple[int, int] = HW) -> list[np.nda
         img[int(0.08 * h) : int(0.14 * h), int(0.7 * w) : int(0.92 * w)] = (40, 200, 70)
         frames.append(np.clip(img, 0, 255).astype(np.uint8))
     return frames
-
-
-def write_video(folder: Path, frames: list[np.ndarray]) -> Path:
-    """The frames as ``0.jpg``, ``1.jpg``, ... (JPEG quality 95): the folder both trackers
-    open (upstream reads MP4 files only through decord)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, frame in enumerate(frames):
-        Image.fromarray(frame).save(folder / f"{i}.jpg", quality=95)
-    return folder
 
 
 # ------------------------------------------------------------------------------ weights
@@ -310,7 +295,8 @@ def measured(tmp_path_factory, reference_dir):
     pytest.importorskip("torch")
     pytest.importorskip("sam3")
     tmp = tmp_path_factory.mktemp("sam3_tracker_full")
-    video_dir = write_video(tmp / "video", scene())
+    # JPEG frames: upstream reads MP4 files only through decord
+    video_dir = write_frames(scene(), tmp / "video")
     seconds: dict[str, float] = {}
     rss: dict[str, dict[str, float]] = {}
 

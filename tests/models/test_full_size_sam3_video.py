@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.helpers.video import textured_ground
+
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -67,14 +69,7 @@ def scene(num_frames: int = NUM_FRAMES, hw: tuple[int, int] = HW) -> list[np.nda
     h, w = hw
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[:h, :w].astype(np.float32)
-    ground = np.stack(
-        [
-            70 + 30 * np.sin(xx / 23.0) * np.cos(yy / 31.0),
-            90 + 25 * np.cos(yy / 17.0),
-            60 + 20 * np.sin((xx + yy) / 41.0),
-        ],
-        -1,
-    )
+    ground = textured_ground(h, w)
     frames = []
     for t in range(num_frames):
         img = ground + rng.normal(0, 4, ground.shape)

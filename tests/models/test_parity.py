@@ -11,7 +11,8 @@ pytest.importorskip("segment_anything")
 
 from paddle_sam.align.sam_v1 import COS_THRESHOLD, align_sam, compare  # noqa: E402
 from paddle_sam.predict.sam_v1.predictor import SamPredictor  # noqa: E402
-from tests.helpers.pairs import TINY, TINY_B, image, make_pair  # noqa: E402
+from tests.helpers.pairs import image, make_pair  # noqa: E402
+from tests.helpers.specs import TINY, TINY_B  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["TINY", "TINY_B"])

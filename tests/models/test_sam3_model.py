@@ -26,8 +26,8 @@ from tests.helpers.sam3_ref import (
     perturb_module_,
     reference_vision_backbone,
     run_prompts,
-    tiny_sam3_spec,
 )
+from tests.helpers.specs import tiny_sam3_spec
 from tests.models.test_sam3_heads import load_from_torch
 
 torch, _ = import_sam3()

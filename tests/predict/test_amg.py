@@ -12,7 +12,8 @@ import paddle
 import pytest
 
 from paddle_sam.predict.sam_v1 import amg_utils as au
-from tests.helpers.pairs import TINY, make_pair
+from tests.helpers.pairs import make_pair
+from tests.helpers.specs import TINY
 
 # pycocotools 2.0.x's decode trips a numpy 2 deprecation inside the library; not ours to fix.
 pytestmark = pytest.mark.filterwarnings(

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from paddle_sam import SamPredictor, build_sam
-from tests.helpers.pairs import TINY, image
+from tests.helpers.pairs import image
+from tests.helpers.specs import TINY
 
 
 @pytest.fixture(scope="module")

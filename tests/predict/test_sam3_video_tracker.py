@@ -7,8 +7,6 @@ scores and returned ids are compared at every step."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import paddle
 import pytest
@@ -25,15 +23,15 @@ from tests.helpers.sam3_ref import (
     import_sam3,
     randomise_tracker_,
     reference_tracker,
-    tiny_sam3_spec,
     tracker_cpu_patches,
 )
+from tests.helpers.specs import tiny_sam3_tracker_spec
 from tests.helpers.video import scene, write_frames, write_mp4
 
 torch, _ = import_sam3()
 
 # the tracker's heads keep the released widths whatever the detector's size
-SPEC = dataclasses.replace(tiny_sam3_spec(), d_model=256, num_heads=8, dim_feedforward=2048)
+SPEC = tiny_sam3_tracker_spec()
 NUM_FRAMES, H, W = 8, 60, 80
 
 

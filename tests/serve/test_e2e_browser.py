@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from pycocotools import mask as mask_utils
 
 from paddle_sam.serve import create_app
+from tests.helpers.ci import missing
 from tests.helpers.pairs import image as make_image
 from tests.helpers.server import ThreadedServer, decode_mask_png, png_bytes, tiny_model
 
@@ -46,15 +46,11 @@ ARGS = [
 
 def _require_browser():
     if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing in CI; 'make test' installs it with apt-get")
-        pytest.skip(f"{CHROMIUM} not installed (apt-get install -y chromium); CI runs this test")
+        missing(f"{CHROMIUM} not installed (apt-get install -y chromium; make test does)")
     try:
         from playwright.sync_api import sync_playwright
-    except ImportError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("playwright not installed (pip install -e '.[test]')")
+    except ImportError as exc:
+        missing(f"playwright not installed ({exc}; pip install -e '.[test]')")
     return sync_playwright
 
 

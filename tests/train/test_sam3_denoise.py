@@ -23,7 +23,7 @@ from paddle_sam.train.sam3.sam3_loss import (  # noqa: E402
     build_roboflow_v100_loss,
     make_find_targets,
 )
-from tests.helpers.sam3_ref import tiny_sam3_spec  # noqa: E402
+from tests.helpers.specs import tiny_sam3_spec  # noqa: E402
 
 TINY = tiny_sam3_spec()
 TEXTS = ["a red car", "a purple giraffe", "a blue car"]

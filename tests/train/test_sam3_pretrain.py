@@ -20,7 +20,7 @@ from paddle_sam.train.sam3.pretrain import (
     pretrain_vision_backbone,
 )
 from paddle_sam.train.synthetic import concept_scene
-from tests.helpers.sam3_ref import tiny_sam3_spec
+from tests.helpers.specs import tiny_sam3_spec
 
 
 def test_dense_labels_follow_the_masks():

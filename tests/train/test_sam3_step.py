@@ -38,8 +38,8 @@ from tests.helpers.sam3_ref import (  # noqa: E402
     cpu_patches,
     perturb_module_,
     sam3_train_reference,
-    tiny_sam3_spec,
 )
+from tests.helpers.specs import tiny_sam3_spec  # noqa: E402
 from tests.models.test_sam3_heads import load_from_torch  # noqa: E402
 from tests.models.test_sam3_model import build_reference, image  # noqa: E402
 from tests.train.test_sam3_loss import (  # noqa: E402

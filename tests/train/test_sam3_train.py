@@ -20,7 +20,7 @@ import pytest
 from paddle_sam.cli import main
 from paddle_sam.train.config import ConfigError
 from paddle_sam.train.families import load_config
-from tests.helpers.sam3_ref import tiny_sam3_spec
+from tests.helpers.specs import tiny_sam3_spec
 from tests.helpers.train_runs import losses_of, write_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
