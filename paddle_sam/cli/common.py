@@ -48,7 +48,7 @@ def source_of(args: argparse.Namespace, family: str | None = None) -> Any:
     if source.family is None and family is None:
         guess = "sam3" if getattr(args, "text", None) is not None else "sam_v1"
         source = resolve(checkpoint, exported, model_type, family=guess)
-    notice = bundled_notice(source)
+    notice = bundled_notice(source) if checkpoint is None and exported is None else None
     if notice is not None:
         print(f"note: no --checkpoint given, {notice}", file=sys.stderr)
     return source

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import bounded, check_one_source, positive, sam3_checkpoint
+from .common import bounded, check_one_source, positive, source_of
 from .everything import add_generator_args
 
 MAX_WORKERS = 256
@@ -42,8 +42,9 @@ def cmd_label(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and not Path(value).exists():
             raise FileNotFoundError(f"--{name} not found: {value}")
-    if prompts and args.checkpoint is None and args.exported is None:
-        args.checkpoint = sam3_checkpoint(args)
+    if args.checkpoint is None and args.exported is None:
+        # the bundled model of the mode's family, said so once here (not in every worker)
+        args.checkpoint = source_of(args, "sam3" if prompts else "sam_v1").path
     if args.engine != "ray" and (
         args.ray_address is not None or args.num_gpus_per_worker or args.cpus_per_worker != 1
     ):

@@ -87,8 +87,8 @@ def sniff(path: str | os.PathLike, family: str | None = None) -> Source:
     """The :class:`Source` of ``path``: a checkpoint file, an HF folder or sharded index, or an
     export folder. ``family`` (from ``--model-type``) decides where the files cannot tell.
 
-    Raises FileNotFoundError for a missing path and ValueError for a folder that is neither an
-    export nor an HF model folder."""
+    Raises FileNotFoundError for a missing path; a folder that is not an export is read as an
+    HF model folder (whose reader says what it lacks)."""
     path = Path(path)
     if family is not None and family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose from {', '.join(FAMILIES)}")
@@ -97,14 +97,7 @@ def sniff(path: str | os.PathLike, family: str | None = None) -> Source:
     if sam3_hf.is_hf_source(path):
         if not path.exists():
             raise FileNotFoundError(f"checkpoint not found: {path}")
-        if path.is_dir() and not any(
-            (path / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")
-        ):
-            raise ValueError(
-                f"{path} is a folder, but neither a 'paddle-sam export' folder "
-                f"({EXPORT_MANIFEST}) nor an HF model folder (model.safetensors or "
-                "model.safetensors.index.json)"
-            )
+        # a folder without the files is refused by the reader, naming what it looked for
         return Source(path, "hf", "sam3", parts=_SAM3_HF_PARTS, model_type="sam3")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")

@@ -272,8 +272,8 @@ def served(monkeypatch) -> dict:
 
 def test_serve_detects_sam3_from_the_sidecar(ckpt, interactive_ckpt, sam1_ckpt, served, capsys):
     """No --model-type: ``serve`` tells SAM 3 from SAM v1 by the checkpoint, as ``segment``."""
-    from paddle_sam.models.sam_v1.sam import Sam
     from paddle_sam.predict.sam3.predictor import Sam3Predictor
+    from paddle_sam.predict.sam_v1.predictor import SamPredictor
 
     argv = ["serve", "--port", "0", "--checkpoint"]
     assert run([*argv, ckpt, "--confidence-threshold", "0.3"]) == 0
@@ -285,7 +285,7 @@ def test_serve_detects_sam3_from_the_sidecar(ckpt, interactive_ckpt, sam1_ckpt, 
     assert isinstance(served["model"], Sam3Predictor) and served["model"].takes_points is True
     assert served["model"].confidence_threshold == 0.5
     assert run([*argv, sam1_ckpt]) == 0
-    assert isinstance(served["model"], Sam)
+    assert isinstance(served["model"], SamPredictor)
     served.clear()
     line = assert_user_error(capsys, [*argv, sam1_ckpt, "--confidence-threshold", "0.3"])
     assert "apply to --model-type sam3 only" in line and not served

@@ -113,13 +113,11 @@ def _refuse(what: str):
 @pytest.fixture
 def no_work(monkeypatch):
     """Every model loader and long job fails the test if called."""
+    import paddle_sam.loading as loading
     from paddle_sam.convert import checkpoint
-    from paddle_sam.loading import sam3, sam_v1
+    from paddle_sam.loading import registry, sam3, sam_v1
     from paddle_sam.train import synthetic
     from paddle_sam.train.sam_v1 import data
-
-    import paddle_sam.loading as loading
-    from paddle_sam.loading import registry
 
     for module in (cli.common, cli.everything, cli.export, cli.train):
         monkeypatch.setattr(module, "load_model", _refuse("load_model"))
