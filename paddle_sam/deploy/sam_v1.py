@@ -38,14 +38,6 @@ class ExportFormatError(ValueError):
     """An export folder is missing files or holds something else."""
 
 
-def peek_format(export_dir: str | os.PathLike) -> str | None:
-    """The ``format`` an export folder's manifest claims, unchecked (None if unreadable)."""
-    try:
-        return json.loads((Path(export_dir) / MANIFEST).read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def read_manifest(
     export_dir: str | os.PathLike,
     fmt: str = EXPORT_FORMAT,

@@ -34,6 +34,7 @@ import paddle.nn.functional as F
 from paddle import nn
 from paddle.static import InputSpec
 
+from ..convert.source import EXPORT_MANIFEST
 from ..models.sam_v1.sam import (  # noqa: F401 (decoder_formulation, few_tokens_max: export API)
     Sam,
     decode_from_image_terms,
@@ -46,7 +47,7 @@ EXPORT_FORMAT = "paddle-sam/sam_v1-static"
 # 2: the Paddle Inference decoder returns low-res logits; the runtime upscales what it keeps
 # 3: prompt_decoder_few takes the image terms of decoder_image_terms instead of the embedding
 FORMAT_VERSION = 3
-MANIFEST = "export.json"
+MANIFEST = EXPORT_MANIFEST  # the file sniff() reads an export folder by
 PROGRAMS = ("image_encoder", "prompt_decoder")
 # The prompt decoder for few prompt tokens and no mask input (see ``FewTokenDecoder``) and the
 # per-image program whose outputs it takes: used by the runtime when the token count allows;
