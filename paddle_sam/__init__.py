@@ -1,21 +1,27 @@
 """paddle-sam: Segment Anything in PaddlePaddle 3.
 
 ``from paddle_sam import sam_model_registry, SamPredictor, SamAutomaticMaskGenerator`` is a
-drop-in for ``segment_anything``. Importing the package applies the fast CPU defaults
-(threads, MKL code path) unless the user set their own; see ``paddle_sam._runtime``.
+drop-in for ``segment_anything``.
+
+Importing the package sets only what is safe in any host process, unless the user set it:
+Paddle's CPU thread count (all CPUs), MKL's fast code path on AMD processors and Paddle's serial
+executor on CPU-only builds. ``paddle_sam.tune_process()`` applies the process-wide rest (Paddle
+2.x copy semantics for views, glibc keeping freed memory): ``paddle-sam`` and its service call
+it; a program that only runs paddle-sam models calls it once, early, for their full CPU speed.
+What each setting does and what it was measured to give: ``paddle_sam._runtime``.
 """
 
 from __future__ import annotations
 
 import warnings
 
-from ._runtime import apply_cpu_defaults, set_num_threads
+from ._runtime import apply_import_defaults, set_num_threads, tune_process
 from ._version import __version__
 
 with warnings.catch_warnings():
     # paddle warns about a missing ccache on import; it only matters for C++ extensions
     warnings.filterwarnings("ignore", message="No ccache found")
-    apply_cpu_defaults()
+    apply_import_defaults()
     import paddle  # noqa: F401
 
 from .loading.sam_v1 import build_sam, sam_model_registry  # noqa: E402
@@ -39,6 +45,7 @@ __all__ = [
     "load_sam3_tracker",
     "sam_model_registry",
     "set_num_threads",
+    "tune_process",
 ]
 
 # SAM 3 is imported on first use, so that ``import paddle_sam`` stays as fast as for SAM v1.

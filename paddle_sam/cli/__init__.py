@@ -64,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .._runtime import set_num_threads
+    from .._runtime import set_num_threads, tune_process
 
+    # this process runs paddle-sam only: the process-wide CPU settings (views copy, glibc keeps
+    # freed memory), before any model is built; `paddle-sam serve` comes through here too
+    tune_process()
     try:
         if args.threads is not None:  # checked here to name the command in the error
             check_bounded("--threads", args.threads, 1, MAX_THREADS)
