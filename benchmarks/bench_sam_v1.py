@@ -156,6 +156,7 @@ def time_predictor(
 def run_paddle_worker(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
+    paddle_sam.tune_process()  # the settings the CLI runs with
 
     import_s = time.perf_counter() - t0
     import paddle  # already loaded by paddle_sam
@@ -184,6 +185,7 @@ def run_paddle_worker(args: argparse.Namespace) -> dict:
 def run_static_worker(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import paddle_sam
+    paddle_sam.tune_process()  # the settings the CLI runs with
     from paddle_sam.deploy import StaticSamPredictor
 
     import_s = time.perf_counter() - t0

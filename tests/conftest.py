@@ -39,6 +39,16 @@ def _reference_weights_never_from_stale_memory() -> None:
         torch.utils.deterministic.fill_uninitialized_memory = True
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tuned_process() -> None:
+    """The suite runs with the process-wide settings the CLI applies (``tune_process``), as
+    the commands it tests do; what a plain import does and does not change is checked in
+    fresh processes (``test_runtime.py``)."""
+    import paddle_sam
+
+    paddle_sam.tune_process()
+
+
 def find_reference_dir() -> Path:
     """The nearest ``shared/reference`` among the repository's ancestors."""
     parents = Path(__file__).resolve().parents

@@ -199,10 +199,11 @@ def _exit_with(parent: int) -> None:
 
 def _init_worker(spec_dict: dict, threads: int, parent: int) -> None:
     global _worker_labeler
-    from .._runtime import set_num_threads
+    from .._runtime import set_num_threads, tune_process
 
     _exit_with(parent)
 
+    tune_process()  # a worker process of ours: the process-wide settings, as the CLI's
     set_num_threads(threads)  # the machine's threads shared out between the workers
     _worker_labeler = build_labeler(LabelSpec.from_dict(spec_dict))
 

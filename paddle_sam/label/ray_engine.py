@@ -22,8 +22,9 @@ class ShardLabeler:
     """A Ray Data actor: builds the labeller once, then labels the shards of each batch."""
 
     def __init__(self, spec: dict, out: str, max_pixels: int | None, threads: int) -> None:
-        from .._runtime import set_num_threads
+        from .._runtime import set_num_threads, tune_process
 
+        tune_process()  # an actor process of ours: the process-wide settings, as the CLI's
         set_num_threads(threads)
         self.labeler = build_labeler(LabelSpec.from_dict(spec))
         self.out = Path(out)
