@@ -1,4 +1,4 @@
-"""``paddle-sam``: convert, segment, everything, track, align, export, serve, train, eval, synth.
+"""Segment Anything in PaddlePaddle: download, convert, segment, everything, label, track, serve.
 
 Run ``paddle-sam COMMAND --help`` for each command's options. Errors in what the user gave
 (files, prompts, arguments, output folders) print one line naming the problem and exit with
@@ -14,7 +14,7 @@ import warnings
 from typing import NoReturn
 
 from ..loading.sam_v1 import DEFAULT_MODEL
-from . import align, convert, everything, export, label, segment, serve, track, train
+from . import align, convert, download, everything, export, label, segment, serve, track, train
 from .common import check_bounded
 
 MAX_THREADS = 1024
@@ -56,7 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"CPU threads, 1 to {MAX_THREADS} (default: all available)",
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for command in (convert, segment, everything, label, track, export, align, serve, train):
+    for command in (
+        download,
+        convert,
+        segment,
+        everything,
+        label,
+        track,
+        export,
+        align,
+        serve,
+        train,
+    ):
         command.add_parser(sub)
     return p
 
