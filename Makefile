@@ -33,10 +33,8 @@ demo: $(VENV)/.installed
 	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --point 520,110 \
 		-o $(DEMO)/segment --overwrite
 	$(BIN)/python -m paddle_sam.train.example iou $(DEMO)/segment/mask.png --point 520,110
-	@# SAM's default filters (predicted IoU 0.88, stability 0.95) suit the official weights; the
-	@# small synthetic model's masks are softer and would all be filtered out
-	$(BIN)/paddle-sam everything paddle_sam/assets/example.png --points-per-side 16 \
-		--pred-iou-thresh 0.5 --stability-score-thresh 0.6 -o $(DEMO)/everything --overwrite
+	@# with the bundled model, everything lowers SAM's filters by itself (and says so)
+	$(BIN)/paddle-sam everything paddle_sam/assets/example.png -o $(DEMO)/everything --overwrite
 	@echo "NOTE: the default SAM 3 (paddle_sam/assets/sam3_tiny_concepts.pdparams) knows only the"
 	@echo "      synthetic vocabulary (4 colours x 6 shapes: 'red star', 'ring', ...); real images"
 	@echo "      need sam3.pt: paddle-sam segment IMAGE --text 'a dog' --checkpoint sam3.pt"

@@ -35,7 +35,7 @@ def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("
     )
 
 
-def source_of(args: argparse.Namespace, family: str | None = None) -> Any:
+def source_of(args: argparse.Namespace, family: str | None = None, notice: bool = True) -> Any:
     """The sniffed source (:class:`paddle_sam.loading.Source`) of --checkpoint / --exported /
     --model-type, or the bundled model of ``family`` (with a notice on stderr). Where the
     files cannot tell the family, the prompts decide: --text means SAM 3."""
@@ -48,9 +48,9 @@ def source_of(args: argparse.Namespace, family: str | None = None) -> Any:
     if source.family is None and family is None:
         guess = "sam3" if getattr(args, "text", None) is not None else "sam_v1"
         source = resolve(checkpoint, exported, model_type, family=guess)
-    notice = bundled_notice(source) if checkpoint is None and exported is None else None
-    if notice is not None:
-        print(f"note: no --checkpoint given, {notice}", file=sys.stderr)
+    said = bundled_notice(source) if checkpoint is None and exported is None else None
+    if said is not None and notice:
+        print(f"note: no --checkpoint given, {said}", file=sys.stderr)
     return source
 
 

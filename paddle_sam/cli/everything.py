@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from .common import (
     load_model,
     prepare_out,
     read_image,
+    source_of,
     write_masks,
 )
 
@@ -31,8 +33,11 @@ MAX_REGION_AREA = 100_000_000  # the image pixel limit (predict.io.MAX_IMAGE_PIX
 
 
 def cmd_everything(args: argparse.Namespace) -> int:
-    from ..predict.io import coco_rle, overlay
-    from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
+    from ..predict.io import coco_annotation, coco_document, overlay
+    from ..predict.sam_v1.automatic_mask_generator import (
+        SamAutomaticMaskGenerator,
+        explain_empty,
+    )
 
     check_one_source(args)
     check_precision(args)
@@ -46,36 +51,59 @@ def cmd_everything(args: argparse.Namespace) -> int:
     image = read_image(args.image, args.command)
     out = Path(args.output)
     prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
+    if args.exported is None:
+        model = load_model(args)
+    options = generator_options(args)
     generator = SamAutomaticMaskGenerator(
-        load_model(args) if args.exported is None else model,
-        points_per_side=args.points_per_side,
-        points_per_batch=args.points_per_batch,
-        pred_iou_thresh=args.pred_iou_thresh,
-        stability_score_thresh=args.stability_score_thresh,
-        box_nms_thresh=args.box_nms_thresh,
-        crop_n_layers=args.crop_n_layers,
-        min_mask_region_area=args.min_mask_region_area,
-        output_mode="binary_mask",
-        progress=not args.quiet,
+        model, output_mode="binary_mask", progress=not args.quiet, **options
     )
-    records = generator.generate(image)
+    records = [r for r in generator.generate(image) if r["area"] > 0]  # COCO holds no empty
     write_masks(out, [r["segmentation"] for r in records])
-    annotations = []
-    for i, r in enumerate(records):
-        ann = {k: v for k, v in r.items() if k != "segmentation"}
-        ann["id"] = i
-        ann["segmentation"] = coco_rle(r["segmentation"])
-        annotations.append(ann)
+    annotations = [
+        coco_annotation(
+            r["segmentation"],
+            category_id=1,
+            score=r["predicted_iou"],
+            predicted_iou=r["predicted_iou"],
+            stability_score=r["stability_score"],
+            point_coords=r["point_coords"],
+            crop_box=r["crop_box"],
+        )
+        for r in records
+    ]
     overlay(image, [r["segmentation"] for r in records]).save(out / "overlay.png")
-    doc = {
-        "image": str(args.image),
-        "height": int(image.shape[0]),
-        "width": int(image.shape[1]),
-        "annotations": annotations,
-    }
+    doc = coco_document(
+        str(args.image),
+        image.shape[0],
+        image.shape[1],
+        annotations,
+        [{"id": 1, "name": "object", "supercategory": "object"}],
+        info={"description": "paddle-sam everything", "generator": options},
+    )
     (out / "annotations.json").write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
-    print(f"{len(records)} masks -> {out}/masks/, overlay.png, annotations.json (COCO RLE)")
+    print(f"{len(records)} masks -> {out}/masks/, overlay.png, annotations.json (COCO)")
+    if not records:
+        print(f"no mask kept: {explain_empty(generator)}", file=sys.stderr)
     return 0
+
+
+def generator_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The generator's options: those given, else the defaults for the command's model (lower
+    for the bundled demo model, whose masks are softer: said on stderr)."""
+    from ..loading import BUNDLED_GENERATOR, generator_defaults_for, is_bundled
+
+    source = None if getattr(args, "exported", None) else source_of(args, "sam_v1", notice=False)
+    defaults = generator_defaults_for(source)
+    options = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in defaults}
+    lowered = [k for k in BUNDLED_GENERATOR if getattr(args, k) is None]
+    if source is not None and is_bundled(source) and lowered:
+        shown = " ".join(f"--{k.replace('_', '-')} {options[k]}" for k in lowered)
+        print(
+            f"note: the default model's masks are softer than official weights': {shown} "
+            "(SAM's defaults suit official weights)",
+            file=sys.stderr,
+        )
+    return options
 
 
 def _jsonable(v: Any) -> Any:
@@ -89,14 +117,17 @@ def _jsonable(v: Any) -> Any:
 def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The automatic mask generator's options (upstream's names), for ``everything`` and
     ``label --everything``; the defaults are the generator's own."""
+    from ..loading import BUNDLED_GENERATOR
     from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 
     defaults = generator_defaults()
     parser.add_argument(
         "--points-per-side",
         type=bounded(int, 1, MAX_POINTS_PER_SIDE),
-        default=defaults["points_per_side"],
-        help=f"grid of N x N prompt points, 1 to {MAX_POINTS_PER_SIDE} (default: %(default)s)",
+        default=None,
+        help=f"grid of N x N prompt points, 1 to {MAX_POINTS_PER_SIDE} (default: "
+        f"{defaults['points_per_side']}; {BUNDLED_GENERATOR['points_per_side']} with the "
+        "bundled model)",
     )
     parser.add_argument(
         "--points-per-batch",
@@ -107,14 +138,18 @@ def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     parser.add_argument(
         "--pred-iou-thresh",
         type=bounded(float, 0.0, 1.0),
-        default=defaults["pred_iou_thresh"],
-        help="keep masks whose predicted IoU is above this, in [0, 1] (default: %(default)s)",
+        default=None,
+        help="keep masks whose predicted IoU is above this, in [0, 1] (default: "
+        f"{defaults['pred_iou_thresh']}; {BUNDLED_GENERATOR['pred_iou_thresh']} with the "
+        "bundled model)",
     )
     parser.add_argument(
         "--stability-score-thresh",
         type=bounded(float, 0.0, 1.0),
-        default=defaults["stability_score_thresh"],
-        help="keep masks at least this stable, in [0, 1] (default: %(default)s)",
+        default=None,
+        help="keep masks at least this stable, in [0, 1] (default: "
+        f"{defaults['stability_score_thresh']}; {BUNDLED_GENERATOR['stability_score_thresh']} "
+        "with the bundled model)",
     )
     parser.add_argument(
         "--box-nms-thresh",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .common import bounded, check_one_source, positive, source_of
-from .everything import add_generator_args
+from .everything import add_generator_args, generator_options
 
 MAX_WORKERS = 256
 MAX_SHARD_SIZE = 100_000
@@ -32,7 +32,8 @@ def _prompts(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from ..label import EVERYTHING_DEFAULTS, LabelSpec, WorkerDied, label
+    from ..label import LabelSpec, WorkerDied, label
+    from ..loading import outside_vocabulary
 
     prompts = _prompts(args)
     if args.everything == bool(prompts):
@@ -49,13 +50,17 @@ def cmd_label(args: argparse.Namespace) -> int:
         args.ray_address is not None or args.num_gpus_per_worker or args.cpus_per_worker != 1
     ):
         raise ValueError("--ray-address, --cpus-per-worker, --num-gpus-per-worker: --engine ray")
-    everything = {k: getattr(args, k) for k in EVERYTHING_DEFAULTS}
+    if prompts:
+        note = outside_vocabulary(source_of(args, "sam3", notice=False), prompts)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+    everything = generator_options(args) if args.everything else {}
     spec = LabelSpec(
         mode="everything" if args.everything else "concepts",
         checkpoint=None if args.checkpoint is None else str(Path(args.checkpoint).resolve()),
         exported=None if args.exported is None else str(Path(args.exported).resolve()),
         model_type=args.model_type,
-        everything=everything if args.everything else {},
+        everything=everything,
         prompts=prompts,
         confidence_threshold=args.confidence_threshold,
         bpe=args.bpe,
@@ -92,10 +97,14 @@ def _summary(report: dict, output: str) -> None:
     seconds = report["seconds_this_run"]
     fresh = report["resumed_shards"] == 0 and seconds > 0
     rate = f", {report['labelled'] / seconds:.2f} images/s" if fresh else ""
+    resumed = (
+        f" ({report['resumed_shards']} of {report['shards']} shards from an earlier run)"
+        if report["resumed_shards"]
+        else ""
+    )
     print(
         f"{report['labelled']} images labelled, {report['skipped']} skipped, "
-        f"{report['annotations']} annotations in {seconds:.1f} s{rate} "
-        f"({report['resumed_shards']} of {report['shards']} shards from an earlier run) -> "
+        f"{report['annotations']} annotations in {seconds:.1f} s{rate}{resumed} -> "
         f"{Path(output) / 'annotations.json'}, report.json"
     )
     for s in report["skipped_images"][:10]:

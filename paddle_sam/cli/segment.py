@@ -27,6 +27,7 @@ from .common import (
     prepare_out,
     read_image,
     sam3_checkpoint,
+    source_of,
     write_masks,
 )
 
@@ -160,7 +161,8 @@ def _check_sam3_clicks(args: argparse.Namespace) -> None:
 def _segment_sam3(args: argparse.Namespace) -> int:
     """``segment`` with a SAM 3 model: every instance of a concept (text and/or exemplar
     boxes), one mask PNG each, an overlay with boxes and scores, COCO RLE annotations."""
-    from ..predict.io import coco_rle, overlay
+    from ..loading import outside_vocabulary
+    from ..predict.io import coco_annotation, coco_document, overlay
 
     check_one_source(args)
     if args.multimask is not None:
@@ -182,6 +184,9 @@ def _segment_sam3(args: argparse.Namespace) -> int:
         predictor = exported_predictor(args.exported, threshold, args.bpe)
     else:
         args.checkpoint = sam3_checkpoint(args)
+        note = args.text and outside_vocabulary(source_of(args, "sam3", notice=False), [args.text])
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         predictor = image_predictor(
             args, "sam3", bpe=args.bpe, confidence_threshold=threshold, clicks=False
         )
@@ -195,55 +200,61 @@ def _segment_sam3(args: argparse.Namespace) -> int:
     found = predictor.ground(args.text, args.box + args.negative_box, labels)
     t_heads = time.perf_counter() - t
 
-    write_masks(out, found.masks)
-    annotations = []
-    for i, (mask, box, score) in enumerate(
-        zip(found.masks, found.boxes, found.scores, strict=True)
-    ):
-        x0, y0, x1, y1 = (float(v) for v in box)
-        annotations.append(
-            {
-                "id": i,
-                "score": float(score),
-                "bbox": [x0, y0, x1 - x0, y1 - y0],  # COCO: x, y, width, height
-                "area": int(mask.sum()),
-                "segmentation": coco_rle(mask),
-            }
+    kept = [i for i, m in enumerate(found.masks) if m.any()]  # COCO holds no empty mask
+    masks, boxes, scores = found.masks[kept], found.boxes[kept], found.scores[kept]
+    write_masks(out, masks)
+    annotations = [
+        coco_annotation(
+            mask,
+            category_id=1,
+            score=float(score),
+            detector_box_xyxy=[float(v) for v in box],  # the detector's own box
         )
+        for mask, box, score in zip(masks, boxes, scores, strict=True)
+    ]
     prompt_boxes = np.asarray(args.box + args.negative_box, dtype=np.float64).reshape(-1, 4)
     overlay(
         image,
-        list(found.masks),
-        boxes=np.concatenate([found.boxes, prompt_boxes]) if len(prompt_boxes) else found.boxes,
-        captions=[f"{s:.2f}" for s in found.scores]
+        list(masks),
+        boxes=np.concatenate([boxes, prompt_boxes]) if len(prompt_boxes) else boxes,
+        captions=[f"{s:.2f}" for s in scores]
         + ["+" for _ in args.box]
         + ["-" for _ in args.negative_box],
     ).save(out / "overlay.png")
-    doc = {
-        "image": str(args.image),
-        "height": h,
-        "width": w,
+    info = {
+        "description": "paddle-sam segment",
         "checkpoint": str(args.exported or args.checkpoint),
         "model_type": "sam3",
-        "prompts": {
-            "text": args.text,
-            "boxes": args.box,
-            "negative_boxes": args.negative_box,
-        },
+        "prompts": {"text": args.text, "boxes": args.box, "negative_boxes": args.negative_box},
         "confidence_threshold": threshold,
-        "annotations": annotations,
         "seconds": {
             "load": round(t_load, 3),
             "image_embedding": round(t_embed, 3),
             "prompt": round(t_heads, 4),
         },
     }
+    name = args.text if args.text is not None else "exemplar"
+    doc = coco_document(
+        str(args.image),
+        h,
+        w,
+        annotations,
+        [{"id": 1, "name": name, "supercategory": "concept"}],
+        info=info,
+    )
     (out / "annotations.json").write_text(json.dumps(doc, indent=1) + "\n")
+    annotations = doc["annotations"]
     what = repr(args.text) if args.text is not None else f"{len(args.box)} exemplar box(es)"
     print(
         f"{len(annotations)} instance(s) of {what} above {threshold:g} -> {out}/masks/, "
-        "overlay.png, annotations.json (COCO RLE)"
+        "overlay.png, annotations.json (COCO)"
     )
+    if not annotations:
+        print(
+            f"nothing scored above the confidence threshold {threshold:g}: "
+            "lower it with --confidence-threshold",
+            file=sys.stderr,
+        )
     return 0
 
 

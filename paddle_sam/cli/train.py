@@ -139,12 +139,15 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     result["confidence_threshold"] = args.confidence_threshold
     if args.format == "concepts":
         result["data"] = {"format": "concepts", "num_images": result["images"], "seed": args.seed}
-    worst = sorted(result["per_concept"].items(), key=lambda kv: kv[1]["mask_AP50"])[:3]
+    scored = {k: v for k, v in result["per_concept"].items() if v["mask_AP50"] is not None}
+    worst = sorted(scored.items(), key=lambda kv: kv[1]["mask_AP50"])[:3]
+    absent = len(result["per_concept"]) - len(scored)
     print(
         f"{result['images']} images, {result['concepts']} concepts: mask AP50 "
         f"{result['mask']['AP50']:.4f} (AP {result['mask']['AP']:.4f}), box AP50 "
         f"{result['box']['AP50']:.4f} (AP {result['box']['AP']:.4f}); lowest mask AP50: "
         + ", ".join(f"{k} {v['mask_AP50']:.3f}" for k, v in worst)
+        + (f"; {absent} concept(s) without ground truth here: not applicable" if absent else "")
     )
     return result
 

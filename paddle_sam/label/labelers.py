@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..predict.io import coco_rle
+from ..predict.io import coco_annotation
 from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 
 # the generator options a labelling job may set (upstream's names), with their defaults
@@ -63,17 +63,9 @@ def build_labeler(spec: LabelSpec) -> Any:
     raise ValueError(f"unknown labelling mode {spec.mode!r}")
 
 
-def _annotation(mask: np.ndarray, box: Any, score: float, category_id: int, **extra) -> dict:
-    x0, y0, x1, y1 = (float(v) for v in box)
-    return {
-        "category_id": category_id,
-        "segmentation": coco_rle(mask),
-        "area": int(np.count_nonzero(mask)),
-        "bbox": [x0, y0, x1 - x0, y1 - y0],  # COCO: x, y, width, height
-        "score": float(score),
-        "iscrowd": 0,
-        **extra,
-    }
+def _annotation(mask: np.ndarray, score: float, category_id: int, **extra) -> dict | None:
+    """A COCO annotation of ``mask`` (bbox its own box); None for an empty mask."""
+    return coco_annotation(mask, category_id=category_id, score=float(score), **extra)
 
 
 class EverythingLabeler:
@@ -95,18 +87,16 @@ class EverythingLabeler:
     def label(self, image: np.ndarray) -> list[dict]:
         out = []
         for r in self.generator.generate(image):
-            x, y, w, h = (float(v) for v in r["bbox"])
-            out.append(
-                _annotation(
-                    r["segmentation"],
-                    (x, y, x + w, y + h),
-                    r["predicted_iou"],
-                    1,
-                    predicted_iou=float(r["predicted_iou"]),
-                    stability_score=float(r["stability_score"]),
-                    point_coords=[[float(v) for v in p] for p in r["point_coords"]],
-                )
+            ann = _annotation(
+                r["segmentation"],
+                r["predicted_iou"],
+                1,
+                predicted_iou=float(r["predicted_iou"]),
+                stability_score=float(r["stability_score"]),
+                point_coords=[[float(v) for v in p] for p in r["point_coords"]],
             )
+            if ann is not None:
+                out.append(ann)
         return out
 
 
@@ -131,5 +121,9 @@ class ConceptLabeler:
         for category_id, text in enumerate(self.prompts, 1):
             found = self.predictor.ground(text, [], [])
             for mask, box, score in zip(found.masks, found.boxes, found.scores, strict=True):
-                out.append(_annotation(mask, box, score, category_id))
+                ann = _annotation(
+                    mask, score, category_id, detector_box_xyxy=[float(v) for v in box]
+                )
+                if ann is not None:  # an empty mask has no place in COCO
+                    out.append(ann)
         return out

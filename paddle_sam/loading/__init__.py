@@ -9,6 +9,7 @@ module per family: :mod:`.sam_v1` (segment-anything's ``build_sam.py``) and :mod
 """
 
 from .registry import (
+    BUNDLED_GENERATOR,
     FAMILIES,
     RUNTIMES,
     Family,
@@ -19,17 +20,20 @@ from .registry import (
     bundled,
     bundled_notice,
     family_of_model_type,
+    generator_defaults_for,
     image_predictor_of_video,
     is_bundled,
     is_video_model,
     load_image_predictor,
     load_model,
     load_video_predictor,
+    outside_vocabulary,
     require,
     resolve,
     sniff,
     video_predictor_or_refusal,
     video_refusal,
+    vocabulary,
 )
 from .sam3 import build_sam3_image_model, load_sam3, load_sam3_weights
 from .sam_v1 import (
@@ -44,6 +48,7 @@ from .sam_v1 import (
 )
 
 __all__ = [
+    "BUNDLED_GENERATOR",
     "DEFAULT_MODEL",
     "FAMILIES",
     "RUNTIMES",
@@ -60,6 +65,7 @@ __all__ = [
     "bundled",
     "bundled_notice",
     "family_of_model_type",
+    "generator_defaults_for",
     "image_predictor_of_video",
     "is_bundled",
     "is_video_model",
@@ -70,10 +76,12 @@ __all__ = [
     "load_sam3_weights",
     "load_sam_weights",
     "load_video_predictor",
+    "outside_vocabulary",
     "require",
     "resolve",
     "sam_model_registry",
     "sniff",
     "video_predictor_or_refusal",
     "video_refusal",
+    "vocabulary",
 ]

@@ -14,7 +14,7 @@ Families and export runtimes are entries of two small registries (:data:`FAMILIE
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,6 +252,50 @@ def bundled_notice(source: Source) -> str | None:
                 f"using the default {fam.default_name} ({fam.default.name}, {fam.default_notice})"
             )
     return None
+
+
+# SAM's generator defaults (32 points a side, predicted IoU 0.88, stability 0.95) suit official
+# weights; the bundled SAM v1's masks are softer and would all be filtered out: these keep them
+BUNDLED_GENERATOR: dict[str, Any] = {
+    "points_per_side": 16,
+    "pred_iou_thresh": 0.5,
+    "stability_score_thresh": 0.6,
+}
+
+
+def generator_defaults_for(source: Source | None) -> dict[str, Any]:
+    """The automatic mask generator's defaults for ``source``: upstream's, or
+    :data:`BUNDLED_GENERATOR`'s values for the bundled SAM v1."""
+    from ..predict.sam_v1.automatic_mask_generator import generator_defaults
+
+    defaults = generator_defaults()
+    if source is not None and source.path == FAMILIES["sam_v1"].default:
+        defaults.update(BUNDLED_GENERATOR)
+    return defaults
+
+
+def vocabulary(source: Source | None) -> list[str] | None:
+    """The phrases a model was trained on, where its sidecar records them (the bundled SAM 3);
+    None for a model that knows open vocabulary (the official weights)."""
+    words = (source.meta or {}).get("vocabulary") if source is not None else None
+    return list(words) if isinstance(words, list) else None
+
+
+def outside_vocabulary(source: Source | None, phrases: Sequence[str]) -> str | None:
+    """A note naming the phrases ``source`` was not trained on, with its vocabulary; None when
+    every phrase is known or the model's vocabulary is open."""
+    words = vocabulary(source)
+    if not words:
+        return None
+    unknown = [p for p in phrases if p.strip().lower() not in words]
+    if not unknown:
+        return None
+    return (
+        f"{', '.join(repr(p) for p in unknown)} {'is' if len(unknown) == 1 else 'are'} not in "
+        f"the vocabulary of {source.path.name} ({len(words)} phrases: {', '.join(words)}); "
+        "it will most likely find nothing. Real images need the official sam3.pt "
+        "(paddle-sam download sam3)"
+    )
 
 
 def require(source: Source, part: str, why: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageOps, UnidentifiedImageError
@@ -170,6 +170,40 @@ def coco_bbox(mask: np.ndarray) -> list[int]:
     ys = np.flatnonzero(mask.any(axis=1))
     xs = np.flatnonzero(mask.any(axis=0))
     return [int(xs[0]), int(ys[0]), int(xs[-1] - xs[0] + 1), int(ys[-1] - ys[0] + 1)]
+
+
+def coco_annotation(mask: np.ndarray, **fields: Any) -> dict | None:
+    """A COCO annotation of an ``H x W`` mask: its RLE, area and bbox (the mask's own box, as
+    COCO defines it: a detector's box goes in ``fields`` under another key), ``iscrowd`` 0,
+    then ``fields``. None for an empty mask, which COCO cannot hold."""
+    area = int(np.count_nonzero(mask))
+    if not area:
+        return None
+    return {
+        "segmentation": coco_rle(mask),
+        "area": area,
+        "bbox": coco_bbox(mask),
+        "iscrowd": 0,
+        **fields,
+    }
+
+
+def coco_document(
+    file_name: str,
+    height: int,
+    width: int,
+    annotations: list[dict],
+    categories: list[dict],
+    info: dict | None = None,
+) -> dict:
+    """A COCO file of one image (id 1): ``annotations`` (from :func:`coco_annotation`) get
+    ``id`` 1, 2, ... and ``image_id`` 1; ``info`` holds how they were made."""
+    return {
+        "info": info or {},
+        "images": [{"id": 1, "file_name": file_name, "height": int(height), "width": int(width)}],
+        "annotations": [{"id": i, "image_id": 1, **a} for i, a in enumerate(annotations, 1)],
+        "categories": categories,
+    }
 
 
 def decode_coco_rle(rle: dict) -> np.ndarray:

@@ -236,6 +236,29 @@ def test_segment_multimask(tiny_ckpt, image_png, work):
 # ---------------------------------------------------------------------------- everything
 
 
+def coco_of(path: Path):
+    """The COCO file at ``path`` read by pycocotools (which fails on a malformed one)."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return COCO(str(path))
+
+
+def assert_bbox_is_the_masks(ann: dict) -> None:
+    """COCO's bbox is its segmentation's box: pycocotools' toBbox of the RLE, which encloses
+    every pixel of the mask."""
+    from pycocotools import mask as mask_utils
+
+    rle = {"size": ann["segmentation"]["size"], "counts": ann["segmentation"]["counts"].encode()}
+    np.testing.assert_allclose(ann["bbox"], mask_utils.toBbox(rle), err_msg=str(ann["bbox"]))
+    m = mask_utils.decode(rle).astype(bool)
+    x, y, w, h = ann["bbox"]
+    assert m.any() and not m.sum() - m[int(y) : int(y + h), int(x) : int(x + w)].sum()
+
+
 def test_everything(tiny_ckpt, image_png, work, capsys):
     from pycocotools import mask as mask_utils
 
@@ -244,20 +267,24 @@ def test_everything(tiny_ckpt, image_png, work, capsys):
     assert run(everything(image_png, out, tiny_ckpt, "--points-per-side", "4", *thresholds)) == 0
     assert "annotations.json" in capsys.readouterr().out
     doc = json.loads((out / "annotations.json").read_text())
-    assert (doc["height"], doc["width"]) == (H, W)
+    assert [(i["id"], i["height"], i["width"]) for i in doc["images"]] == [(1, H, W)]
+    assert doc["categories"] == [{"id": 1, "name": "object", "supercategory": "object"}]
     anns = doc["annotations"]
     assert len(anns) > 0
+    coco = coco_of(out / "annotations.json")  # a real COCO file: pycocotools reads it
     pngs = sorted((out / "masks").glob("*.png"))
     assert [p.name for p in pngs] == [f"{i:04d}.png" for i in range(len(anns))]
     for i, ann in enumerate(anns):
-        assert ann["id"] == i
+        assert (ann["id"], ann["image_id"], ann["category_id"]) == (i + 1, 1, 1)
         rle = ann["segmentation"]
         assert rle["size"] == [H, W]
         decoded = mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()})
+        np.testing.assert_array_equal(coco.annToMask(ann), decoded)
         written = _check_mask(pngs[i])
         np.testing.assert_array_equal(decoded.astype(bool), written == 255)
         assert ann["area"] == int(decoded.sum())
-        assert len(ann["bbox"]) == 4 and len(ann["point_coords"]) == 1
+        assert_bbox_is_the_masks(ann)
+        assert len(ann["point_coords"]) == 1
     with Image.open(out / "overlay.png") as im:
         assert im.size == (W, H)
     # existing outputs are protected

@@ -17,7 +17,14 @@ from paddle_sam.convert.checkpoint import convert_checkpoint, detect_family
 from paddle_sam.convert.sam_v1 import random_official_state_dict
 from paddle_sam.loading.sam3 import load_sam3
 from paddle_sam.predict.sam3.processor import Sam3Processor
-from tests.cli.test_cli import _check_mask, _test_image, assert_user_error, run
+from tests.cli.test_cli import (
+    _check_mask,
+    _test_image,
+    assert_bbox_is_the_masks,
+    assert_user_error,
+    coco_of,
+    run,
+)
 from tests.helpers.specs import TINY as SAM1_TINY
 from tests.helpers.specs import tiny_sam3_spec
 
@@ -109,22 +116,26 @@ def check_outputs(out: Path, state: dict, text, boxes) -> dict:
     from pycocotools import mask as mask_utils
 
     doc = json.loads((out / "annotations.json").read_text())
-    assert doc["model_type"] == "sam3" and (doc["height"], doc["width"]) == (H, W)
-    assert doc["prompts"]["text"] == text and doc["prompts"]["boxes"] == boxes
+    info = doc["info"]
+    assert info["model_type"] == "sam3" and [(i["height"], i["width"]) for i in doc["images"]] == [
+        (H, W)
+    ]
+    assert info["prompts"]["text"] == text and info["prompts"]["boxes"] == boxes
+    coco_of(out / "annotations.json")  # a real COCO file
     scores = state["scores"].numpy()
-    order = np.argsort(-scores, kind="stable")
+    masks = state["masks"].numpy()[:, 0]
+    order = [q for q in np.argsort(-scores, kind="stable") if masks[q].any()]  # no empty masks
     anns = doc["annotations"]
-    assert len(anns) == len(scores)
+    assert len(anns) == len(order)
     assert sorted((out / "masks").glob("*.png")) == [
         out / "masks" / f"{i:04d}.png" for i in range(len(anns))
     ]
-    masks = state["masks"].numpy()[:, 0]
     boxes_px = state["boxes"].numpy()
     for i, (ann, q) in enumerate(zip(anns, order, strict=True)):
-        assert ann["id"] == i
+        assert ann["id"] == i + 1
         np.testing.assert_allclose(ann["score"], scores[q], rtol=1e-6)
-        x0, y0, x1, y1 = boxes_px[q]
-        np.testing.assert_allclose(ann["bbox"], [x0, y0, x1 - x0, y1 - y0], rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(ann["detector_box_xyxy"], boxes_px[q], rtol=1e-5, atol=1e-4)
+        assert_bbox_is_the_masks(ann)
         png = _check_mask(out / "masks" / f"{i:04d}.png") > 0
         np.testing.assert_array_equal(png, masks[q])
         rle = dict(ann["segmentation"], counts=ann["segmentation"]["counts"].encode())
@@ -151,7 +162,7 @@ def test_segment_text_all_queries(ckpt, image_png, work, processor, capsys):
     state = expected_state(processor, "a yellow box", [], [], 0.0)
     doc = check_outputs(out, state, "a yellow box", [])
     assert len(doc["annotations"]) == TINY.num_queries
-    assert doc["confidence_threshold"] == 0.0
+    assert doc["info"]["confidence_threshold"] == 0.0
 
 
 def test_segment_text_default_threshold(ckpt, image_png, work, processor):
@@ -171,7 +182,7 @@ def test_segment_text_and_boxes(ckpt, image_png, work, processor):
     assert run(argv + ["--confidence-threshold", "0.2"]) == 0
     state = expected_state(processor, "a yellow box", [BOX], [neg], 0.2)
     doc = check_outputs(out, state, "a yellow box", [BOX])
-    assert doc["prompts"]["negative_boxes"] == [neg]
+    assert doc["info"]["prompts"]["negative_boxes"] == [neg]
 
 
 def test_segment_box_only(ckpt, image_png, work, processor):

@@ -15,7 +15,7 @@ from PIL import Image
 from paddle_sam.convert import sam3 as conv
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.loading.sam3 import load_sam3_tracker
-from tests.cli.test_cli import assert_user_error, run
+from tests.cli.test_cli import assert_bbox_is_the_masks, assert_user_error, run
 from tests.helpers.specs import tiny_sam3_tracker_spec
 from tests.helpers.video import scene, write_frames, write_mp4
 
@@ -86,6 +86,11 @@ def test_track_writes_json_pngs_and_video(tmp_path, video, ckpt, capsys):
             png = np.array(Image.open(out / "masks" / str(obj_id) / f"{f:05d}.png"))
             np.testing.assert_array_equal(png > 0, expected[f][obj_id - 1])
             assert 0.0 <= ann["scores"][f] <= 1.0
+            box = ann["bboxes"][f]  # the mask's own box (YouTube-VIS's, as COCO's)
+            if m.any():
+                assert_bbox_is_the_masks({"segmentation": rle, "bbox": box})
+            else:
+                assert box is None
 
     cap = cv2.VideoCapture(str(out / "overlay.mp4"))
     n = 0

@@ -46,7 +46,7 @@ def test_demo_text_prompt_finds_every_star(tmp_path, capsys):
     r = concept_check(out, "star")
     assert r["instances"] >= 1 and r["found"] == r["instances"], r
     doc = json.loads((out / "annotations.json").read_text())
-    assert doc["checkpoint"] == str(DEFAULT_SAM3_MODEL)
+    assert doc["info"]["checkpoint"] == str(DEFAULT_SAM3_MODEL)
     assert len(doc["annotations"]) == r["instances"]  # nothing else above the threshold
     # a second run does not overwrite the first one's output without --overwrite
     assert main(["segment", str(EXAMPLE), "--text", "star", "-o", str(out)]) == 2

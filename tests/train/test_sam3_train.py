@@ -381,8 +381,18 @@ def test_evaluate_concepts_ap(tmp_path):
 
     good = evaluate_concepts(Oracle(), tmp_path / "annotations.json")
     assert good["mask"]["AP50"] == pytest.approx(1.0) and good["box"]["AP50"] == pytest.approx(1.0)
+    # a concept without ground truth in these images is not applicable (COCO's -1), not 0
+    per = good["per_concept"]
+    absent = [k for k, v in per.items() if v["instances"] == 0]
+    assert absent and len(absent) < len(per)
+    for v in per.values():
+        assert (v["mask_AP50"] is None) == (v["instances"] == 0)
+        assert v["mask_AP50"] is None or v["mask_AP50"] == pytest.approx(1.0)
     bad = evaluate_concepts(Oracle(shift=True), tmp_path / "annotations.json")
     assert bad["mask"]["AP50"] < 0.2
+    assert all(
+        (v["box_AP50"] is None) == (v["instances"] == 0) for v in bad["per_concept"].values()
+    )
     r = instance_recall(scenes[0].masks, scenes[0].masks)
     assert r["recall"] == 1.0 and r["found"] == len(scenes[0].masks)
     assert instance_recall([], scenes[0].masks)["found"] == 0

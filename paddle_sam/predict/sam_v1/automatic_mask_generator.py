@@ -152,6 +152,8 @@ class SamAutomaticMaskGenerator:
         self.min_mask_region_area = min_mask_region_area
         self.output_mode = output_mode
         self.progress = progress
+        # what the filters did in the last ``generate`` (not upstream's): see ``explain_empty``
+        self.last_stats: dict[str, float] = {}
 
     @staticmethod
     def _check_image(image: Any) -> None:
@@ -176,6 +178,9 @@ class SamAutomaticMaskGenerator:
         ``crop_box`` (XYWH of the crop it came from).
         """
         self._check_image(image)
+        self.last_stats = dict.fromkeys(
+            ("candidates", "passed_iou", "passed_stability", "best_iou", "best_stability"), 0
+        )
         mask_data = self._generate_masks(image)
 
         if self.min_mask_region_area > 0:
@@ -300,14 +305,20 @@ class SamAutomaticMaskGenerator:
         low_res = low_res.reshape(n * c, *low_res.shape[2:])
         points = np.repeat(points, c, axis=0)
 
+        stats = self.last_stats
+        stats["candidates"] += len(iou_preds)
+        stats["best_iou"] = max(stats["best_iou"], float(np.max(iou_preds, initial=0.0)))
         # the IoU filter before the upscaling: only the masks that pass it are upscaled
         if self.pred_iou_thresh > 0.0:
             keep = np.flatnonzero(iou_preds > self.pred_iou_thresh)
             iou_preds, low_res, points = iou_preds[keep], low_res[keep], points[keep]
+        stats["passed_iou"] += len(iou_preds)
         masks = self._upscale_masks(low_res)  # numpy on the CPU
         del low_res
         mask_threshold = self.mask_threshold
         stability = calculate_stability_score(masks, mask_threshold, self.stability_score_offset)
+        best = float(np.max(np.asarray(stability), initial=0.0))
+        stats["best_stability"] = max(stats["best_stability"], best)
         data = MaskData(
             masks=as_paddle(masks),
             iou_preds=paddle.to_tensor(iou_preds),
@@ -317,6 +328,7 @@ class SamAutomaticMaskGenerator:
         del masks
         if self.stability_score_thresh > 0.0:
             data.filter(data["stability_score"] >= self.stability_score_thresh)
+        stats["passed_stability"] += len(data["iou_preds"])
 
         data["masks"] = data["masks"] > mask_threshold
         data["boxes"] = batched_mask_to_box(data["masks"])
@@ -397,3 +409,27 @@ def generator_defaults() -> dict[str, Any]:
     (upstream's), their one home."""
     params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
     return {name: params[name].default for name in GENERATOR_OPTIONS}
+
+
+def explain_empty(generator: SamAutomaticMaskGenerator) -> str:
+    """Why the last ``generate`` of ``generator`` kept no mask, and what to change."""
+    st = generator.last_stats
+    if not st.get("candidates"):
+        return "no prompt point was decoded"
+    if not st["passed_iou"]:
+        return (
+            f"all {st['candidates']} candidate masks scored a predicted IoU at most "
+            f"{st['best_iou']:.2f}, not above --pred-iou-thresh {generator.pred_iou_thresh}: "
+            f"lower it (e.g. --pred-iou-thresh {max(0.0, st['best_iou'] - 0.1):.1f})"
+        )
+    if not st["passed_stability"]:
+        return (
+            f"{st['passed_iou']} of {st['candidates']} candidates passed the IoU filter but "
+            f"their stability scores reach only {st['best_stability']:.2f}, under "
+            f"--stability-score-thresh {generator.stability_score_thresh}: lower it (e.g. "
+            f"--stability-score-thresh {max(0.0, st['best_stability'] - 0.1):.1f})"
+        )
+    return (
+        f"{st['passed_stability']} candidates passed the IoU and stability filters but were "
+        "dropped at crop edges, as duplicates or by --min-mask-region-area"
+    )

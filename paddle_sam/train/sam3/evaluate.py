@@ -67,8 +67,9 @@ def _summary(gt, detections: list[dict], iou_type: str) -> dict[str, Any]:
     from pycocotools.cocoeval import COCOeval
 
     cat_ids = sorted(gt.getCatIds())
-    if not detections:
-        return {"AP": 0.0, "AP50": 0.0, "per_category": {c: (0.0, 0.0) for c in cat_ids}}
+    if not detections:  # every concept with ground truth at 0; those without: not applicable
+        per = {c: (0.0, 0.0) if gt.getAnnIds(catIds=[c]) else (None, None) for c in cat_ids}
+        return {"AP": 0.0, "AP50": 0.0, "per_category": per}
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its tables
         dt = gt.loadRes(detections)
         ev = COCOeval(gt, dt, iou_type)
@@ -77,14 +78,18 @@ def _summary(gt, detections: list[dict], iou_type: str) -> dict[str, Any]:
         ev.summarize()
     precision = ev.eval["precision"]  # T x R x K x A x M; area "all" = 0, maxDets 100 = -1
 
-    def ap(p: np.ndarray) -> float:
-        p = p[p > -1]
-        return float(p.mean()) if p.size else 0.0
+    def ap(p: np.ndarray) -> float | None:
+        p = p[p > -1]  # COCO's -1: no ground truth of the category, not applicable
+        return float(p.mean()) if p.size else None
 
     per = {}
     for k, c in enumerate(ev.params.catIds):
         per[c] = (ap(precision[:, :, k, 0, -1]), ap(precision[0, :, k, 0, -1]))
     return {"AP": float(ev.stats[0]), "AP50": float(ev.stats[1]), "per_category": per}
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 def evaluate_concepts(
@@ -135,14 +140,14 @@ def evaluate_concepts(
     mask = _summary(gt, detections, "segm")
     per_concept = {}
     for cat_id, name in cats.items():
-        b_ap, b_ap50 = box["per_category"].get(cat_id, (0.0, 0.0))
-        m_ap, m_ap50 = mask["per_category"].get(cat_id, (0.0, 0.0))
-        per_concept[name] = {
+        b_ap, b_ap50 = box["per_category"].get(cat_id, (None, None))
+        m_ap, m_ap50 = mask["per_category"].get(cat_id, (None, None))
+        per_concept[name] = {  # None (null): no ground truth here, as COCO's -1
             "instances": len(gt.getAnnIds(catIds=[cat_id], iscrowd=False)),
-            "box_AP": round(b_ap, 4),
-            "box_AP50": round(b_ap50, 4),
-            "mask_AP": round(m_ap, 4),
-            "mask_AP50": round(m_ap50, 4),
+            "box_AP": _rounded(b_ap),
+            "box_AP50": _rounded(b_ap50),
+            "mask_AP": _rounded(m_ap),
+            "mask_AP50": _rounded(m_ap50),
         }
     return {
         "images": len(image_ids),

@@ -271,6 +271,8 @@ class Sam3Trainer(TrainerBase):
             {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
             interactive=False,
             training=self.training_meta(summary),
+            # the phrases it was trained on: what commands name when a prompt is not one of them
+            vocabulary=sorted(set(self.train_data.categories.values())),
         )
         save_pdparams(state, dst, meta)
         return dst
