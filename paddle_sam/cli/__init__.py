@@ -16,6 +16,7 @@ from typing import NoReturn
 from ..loading.sam_v1 import DEFAULT_MODEL
 from . import align, convert, download, everything, export, label, segment, serve, track, train
 from .common import check_bounded
+from .quiet import quiet_paddle
 
 MAX_THREADS = 1024
 
@@ -47,8 +48,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
+def _version() -> str:
+    import paddle
+
+    from .._version import __version__
+
+    return f"paddle-sam {__version__} (PaddlePaddle {paddle.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="paddle-sam", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=_version())
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Paddle's own log lines and warnings (hidden by default)",
+    )
     p.add_argument(
         "--threads",
         type=int,
@@ -86,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             set_num_threads(args.threads)
         with warnings.catch_warnings():
             warnings.simplefilter("default")
-            return args.func(args)
+            with quiet_paddle(args.verbose):
+                return args.func(args)
     except (*USER_ERRORS, ImportError) as exc:
         if isinstance(exc, ImportError) and not missing_extra(exc):
             raise

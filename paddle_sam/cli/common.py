@@ -72,7 +72,20 @@ def image_predictor(args: argparse.Namespace, family: str, **options: Any) -> An
     return load_image_predictor(source_of(args, family), **options)
 
 
+# what to run instead when a SAM 3 model is given to a SAM v1 command
+SAM3_INSTEAD = {
+    "everything": "SAM 3 finds every instance of a concept instead: paddle-sam segment IMAGE "
+    "--text PHRASE (paddle-sam label DIR --text PHRASE for a folder)",
+}
+
+
 def _sam_v1_source(args: argparse.Namespace) -> Any:
+    command = getattr(args, "command", None)
+    if args.model_type == "sam3":
+        raise ValueError(
+            f"'{command}' runs SAM v1, not SAM 3; "
+            + SAM3_INSTEAD.get(command, "use --model-type vit_b, vit_l or vit_h")
+        )
     if args.checkpoint is None and args.model_type not in (None, "vit_tiny_synthetic"):
         raise ValueError(
             f"--model-type {args.model_type} needs --checkpoint FILE (converted official "
@@ -80,10 +93,8 @@ def _sam_v1_source(args: argparse.Namespace) -> Any:
         )
     source = source_of(args, "sam_v1")
     if source.family == "sam3":
-        raise ValueError(
-            f"{source.path} is a SAM 3 model: this command runs SAM v1 (use --model-type sam3 "
-            "where the command takes it)"
-        )
+        instead = SAM3_INSTEAD.get(command, "give a SAM v1 checkpoint")
+        raise ValueError(f"{source.path} is a SAM 3 model and '{command}' runs SAM v1; {instead}")
     return source
 
 

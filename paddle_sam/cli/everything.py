@@ -53,7 +53,7 @@ def cmd_everything(args: argparse.Namespace) -> int:
     prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
     if args.exported is None:
         model = load_model(args)
-    options = generator_options(args)
+    options, note = generator_options(args)
     generator = SamAutomaticMaskGenerator(
         model, output_mode="binary_mask", progress=not args.quiet, **options
     )
@@ -82,28 +82,31 @@ def cmd_everything(args: argparse.Namespace) -> int:
     )
     (out / "annotations.json").write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
     print(f"{len(records)} masks -> {out}/masks/, overlay.png, annotations.json (COCO)")
+    if note:
+        print(note, file=sys.stderr)
     if not records:
         print(f"no mask kept: {explain_empty(generator)}", file=sys.stderr)
     return 0
 
 
-def generator_options(args: argparse.Namespace) -> dict[str, Any]:
+def generator_options(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """The generator's options: those given, else the defaults for the command's model (lower
-    for the bundled demo model, whose masks are softer: said on stderr)."""
+    for the bundled demo model, whose masks are softer), and a note saying so (None when the
+    defaults are upstream's), for the command to print with its result."""
     from ..loading import BUNDLED_GENERATOR, generator_defaults_for, is_bundled
 
     source = None if getattr(args, "exported", None) else source_of(args, "sam_v1", notice=False)
     defaults = generator_defaults_for(source)
     options = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in defaults}
     lowered = [k for k in BUNDLED_GENERATOR if getattr(args, k) is None]
+    note = None
     if source is not None and is_bundled(source) and lowered:
         shown = " ".join(f"--{k.replace('_', '-')} {options[k]}" for k in lowered)
-        print(
-            f"note: the default model's masks are softer than official weights': {shown} "
-            "(SAM's defaults suit official weights)",
-            file=sys.stderr,
+        note = (
+            f"note: filters for the bundled model, whose masks are softer: {shown} (SAM's "
+            "defaults suit official weights)"
         )
-    return options
+    return options, note
 
 
 def _jsonable(v: Any) -> Any:
@@ -180,7 +183,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--overwrite", action="store_true")
     add_generator_args(e)
     e.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_model_args(e)
+    add_model_args(e, families=("sam_v1", "sam3"))  # sam3: answered with what to run instead
     e.add_argument(
         "--exported",
         default=None,

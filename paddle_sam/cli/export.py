@@ -80,7 +80,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     files = ", ".join(name for names in manifest["programs"].values() for name in names)
     print(
-        f"exported ({args.format}) -> {args.output}/ ({files}, {MANIFEST}) "
+        f"exported ({args.format}) -> {Path(args.output)}/ ({files}, {MANIFEST}) "
         f"in {time.perf_counter() - t:.1f}s"
     )
     return 0
@@ -106,7 +106,7 @@ def _export_sam3(args: argparse.Namespace) -> int:
         fused_attention=args.fused_attention,
     )
     print(
-        f"exported (pir) -> {args.output}/ (backbone, text_encoder, prompt_decoder "
+        f"exported (pir) -> {Path(args.output)}/ (backbone, text_encoder, prompt_decoder "
         f".{{json,pdiparams}}, export.json) in {time.perf_counter() - t:.1f}s"
     )
     return 0

@@ -54,7 +54,9 @@ def cmd_label(args: argparse.Namespace) -> int:
         note = outside_vocabulary(source_of(args, "sam3", notice=False), prompts)
         if note:
             print(f"note: {note}", file=sys.stderr)
-    everything = generator_options(args) if args.everything else {}
+    everything, note = generator_options(args) if args.everything else ({}, None)
+    if note:
+        print(note, file=sys.stderr)
     spec = LabelSpec(
         mode="everything" if args.everything else "concepts",
         checkpoint=None if args.checkpoint is None else str(Path(args.checkpoint).resolve()),

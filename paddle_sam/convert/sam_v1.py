@@ -95,8 +95,12 @@ def detect_model_type(state_dict: Mapping[str, np.ndarray]) -> str:
     """vit_b / vit_l / vit_h from the embedding width and depth of an official-layout dict."""
     key = "image_encoder.patch_embed.proj.weight"
     if key not in state_dict:
+        keys = sorted(state_dict)
+        shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
         raise CheckpointMismatchError(
-            f"cannot detect the model type: key '{key}' not found; is this a SAM v1 checkpoint?"
+            f"not a checkpoint of a SAM family this version reads: no SAM v1 key "
+            f"('{key}', official or HF layout) and no SAM 3 key ('detector.*', "
+            f"'vision_encoder.*'); it holds {len(keys)} tensor(s): {shown}"
         )
     width = int(state_dict[key].shape[0])
     depth = len({k.split(".")[2] for k in state_dict if k.startswith("image_encoder.blocks.")})

@@ -5,6 +5,10 @@ COCO row's bbox is its mask's box."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,3 +115,66 @@ def test_label_everything_writes_enclosing_boxes(tmp_path, capsys):
     assert len(anns) > 10
     for ann in anns:
         assert_bbox_is_the_masks(ann)
+
+
+# ---------------------------------------------------------------- CLI polish
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m paddle_sam *argv`` in a process of its own (what a user's console shows)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "paddle_sam", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_version(tmp_path):
+    import paddle
+
+    from paddle_sam import __version__
+
+    proc = child("--version", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"paddle-sam {__version__} (PaddlePaddle {paddle.__version__})"
+
+
+def test_paddle_logs_only_with_verbose(tmp_path):
+    """`export` makes Paddle's core log a glog warning and its Python side warn: hidden by
+    default, shown with --verbose; our own lines and the result stay either way."""
+    quiet = child("export", "-o", "out/", cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "exported (pir) -> out/ (" in quiet.stdout  # no "out//"
+    assert "no --checkpoint given" in quiet.stderr
+    assert "eager_utils.cc" not in quiet.stderr and "UserWarning" not in quiet.stderr
+    loud = child("--verbose", "export", "-o", "out2", cwd=tmp_path)
+    assert loud.returncode == 0, loud.stderr
+    assert "eager_utils.cc" in loud.stderr or "UserWarning" in loud.stderr, loud.stderr
+
+
+def test_a_non_sam_checkpoint_names_what_it_holds(tmp_path, capsys):
+    from safetensors.numpy import save_file
+
+    save_file(
+        {"conv1.weight": np.zeros((4, 3, 3, 3), np.float32), "fc.bias": np.zeros(2, np.float32)},
+        str(tmp_path / "resnet.safetensors"),
+    )
+    argv = ["convert", tmp_path / "resnet.safetensors", tmp_path / "r.pdparams"]
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert "no SAM v1 key" in err and "no SAM 3 key" in err
+    assert "2 tensor(s): 'conv1.weight', 'fc.bias'" in err
+
+
+def test_sam3_given_to_everything_says_what_to_run(tmp_path, capsys):
+    for extra in (["--model-type", "sam3"], ["--checkpoint", DEFAULT_SAM3_MODEL]):
+        assert run(["everything", EXAMPLE, "-o", tmp_path / "o", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "paddle-sam segment IMAGE --text PHRASE" in err and "invalid choice" not in err
+        assert not (tmp_path / "o").exists()
