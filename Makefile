@@ -29,7 +29,7 @@ $(VENV)/.installed-train: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	@echo "NOTE: the default model (paddle_sam/assets/sam_tiny_synthetic.pdparams) is a small SAM"
 	@echo "      trained only on generated shapes (configs/sam_tiny_synthetic.yaml). Real images"
-	@echo "      need official weights: paddle-sam convert sam_vit_b_01ec64.pth sam_vit_b.pdparams"
+	@echo "      need official weights: paddle-sam download vit_b (verified, converted)"
 	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --point 520,110 \
 		-o $(DEMO)/segment --overwrite
 	$(BIN)/python -m paddle_sam.train.example iou $(DEMO)/segment/mask.png --point 520,110
@@ -37,7 +37,8 @@ demo: $(VENV)/.installed
 	$(BIN)/paddle-sam everything paddle_sam/assets/example.png -o $(DEMO)/everything --overwrite
 	@echo "NOTE: the default SAM 3 (paddle_sam/assets/sam3_tiny_concepts.pdparams) knows only the"
 	@echo "      synthetic vocabulary (4 colours x 6 shapes: 'red star', 'ring', ...); real images"
-	@echo "      need sam3.pt: paddle-sam segment IMAGE --text 'a dog' --checkpoint sam3.pt"
+	@echo "      need sam3.pt: paddle-sam download sam3, then segment IMAGE --text 'a dog' \\"
+	@echo "      --checkpoint sam3.pdparams"
 	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --text star -o $(DEMO)/text --overwrite
 	$(BIN)/python -m paddle_sam.train.example concept $(DEMO)/text --text star
 	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/;"

@@ -128,7 +128,7 @@ FAMILIES: dict[str, Family] = {
         default_name="synthetic model",
         recipe="make train-default",
         default_notice="a small SAM trained on generated shapes only; real images need "
-        "converted official weights: paddle-sam convert",
+        "official weights: paddle-sam download vit_b",
         load_model=_sam_v1_model,
         image_predictor=_sam_v1_predictor,
         owns=_sam_v1_owns,
@@ -143,7 +143,7 @@ FAMILIES: dict[str, Family] = {
         recipe="make train-sam3-default",
         default_notice="a small SAM 3 trained on synthetic concept scenes only: it knows "
         "their 30 phrases, such as 'red star' or 'ring', and nothing else; real images need "
-        "the official sam3.pt: paddle-sam convert",
+        "the official sam3.pt: paddle-sam download sam3",
         load_model=_sam3_model,
         image_predictor=_sam3_predictor,
         owns=_sam3_owns,
