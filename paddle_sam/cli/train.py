@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..train.synthetic import CONCEPT_STYLES
 from .common import (
     add_model_args,
     bounded,
@@ -104,6 +105,17 @@ def _launch(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _styles(text: str) -> list[str]:
+    styles = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in styles if x not in CONCEPT_STYLES]
+    if unknown or not styles:
+        raise argparse.ArgumentTypeError(
+            f"unknown style(s) {', '.join(unknown) or repr(text)}; choose from "
+            f"{', '.join(CONCEPT_STYLES)}"
+        )
+    return styles
+
+
 def _eval_sam3(args: argparse.Namespace) -> dict:
     """SAM 3: box and mask AP per concept on a COCO file (--data) or on held-out synthetic
     concept scenes (--format concepts: --num-images of --seed, written to a temporary folder)."""
@@ -127,7 +139,9 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
         if args.format == "concepts":
             from ..train.synthetic import write_concept_dataset
 
-            write_concept_dataset(tmp, args.num_images or 30, args.seed, overwrite=True)
+            write_concept_dataset(
+                tmp, args.num_images or 30, args.seed, overwrite=True, styles=args.styles
+            )
             data = str(Path(tmp) / "annotations.json")
             images, n = str(Path(tmp) / "images"), None
         else:
@@ -138,7 +152,12 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
     result["checkpoint"] = str(args.checkpoint)
     result["confidence_threshold"] = args.confidence_threshold
     if args.format == "concepts":
-        result["data"] = {"format": "concepts", "num_images": result["images"], "seed": args.seed}
+        result["data"] = {
+            "format": "concepts",
+            "num_images": result["images"],
+            "seed": args.seed,
+            "styles": args.styles or ["flat"],
+        }
     scored = {k: v for k, v in result["per_concept"].items() if v["mask_AP50"] is not None}
     worst = sorted(scored.items(), key=lambda kv: kv[1]["mask_AP50"])[:3]
     absent = len(result["per_concept"]) - len(scored)
@@ -257,6 +276,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="evaluate the first N images",
     )
     e.add_argument("--seed", type=parse_seed, default=1000, help="synthetic set seed")
+    e.add_argument(
+        "--styles",
+        type=_styles,
+        default=None,
+        help="--format concepts: drawing styles, comma-separated, of "
+        f"{','.join(CONCEPT_STYLES)} (default: flat, the original)",
+    )
     e.add_argument("--json", default=None, help="also write the result to this JSON file")
     e.add_argument("--overwrite", action="store_true")
     e.add_argument("--quiet", action="store_true")

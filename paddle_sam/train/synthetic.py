@@ -413,25 +413,47 @@ def _visible(shapes: list[np.ndarray]) -> list[np.ndarray]:
     return out[::-1]
 
 
+# drawing styles of concept scenes (:func:`concept_scene`): "flat" is the original one (flat,
+# slightly shaded shapes on a tinted grey gradient); the others vary backgrounds, fills,
+# outlines, clutter of shapes outside the vocabulary, shading with shadows, and photo-like
+# degradation (blur, noise, colour cast, JPEG)
+CONCEPT_STYLES = ("flat", "textured", "outlined", "clutter", "shaded", "photo")
+# shapes drawn as clutter: none of them is in the vocabulary (no disc, rectangle, triangle,
+# star, ring or cross)
+_CLUTTER_KINDS = ("ellipse", "crescent", "polygon", "line")
+
+
 def concept_scene(
     seed: int,
     index: int,
     sizes: list[list[int]] | None = None,
     num_instances: tuple[int, int] = (2, 7),
     min_area: int = 150,
+    styles: tuple[str, ...] | list[str] | None = None,
 ) -> ConceptScene:
     """Concept scene ``index`` of ``seed`` (a pure function of both): ``num_instances``
-    shapes of :data:`CONCEPT_SHAPES` in flat colours near those of :data:`CONCEPT_COLOURS`
-    (shifted a little per instance, slightly shaded) on a tinted grey gradient. Shapes whose
-    visible part would be under ``min_area`` px are left out before painting, so every drawn
-    shape is annotated and every mask is exactly what shows."""
+    shapes of :data:`CONCEPT_SHAPES` in colours near those of :data:`CONCEPT_COLOURS`
+    (shifted a little per instance). ``styles``: the drawing styles to pick from at random
+    (:data:`CONCEPT_STYLES`); None draws the original "flat" style, exactly as before styles
+    existed. Shapes whose visible part would be under ``min_area`` px are left out before
+    painting, so every drawn shape is annotated and every mask is exactly what shows."""
     rng = np.random.default_rng([int(seed), int(index), _CONCEPT_STREAM])
     w, h = scene_size(rng, sizes)
-    t = (np.mgrid[0:h, 0:w][0].astype(np.float32) / max(h - 1, 1))[..., None]
-    # a vertical gradient between two greys, each tinted (up to 30 levels per channel)
-    top, bottom = rng.uniform(90, 220, (2, 1)) + rng.uniform(-30, 30, (2, 3))
-    noise = (_smooth_noise(rng, h, w, int(rng.integers(4, 12))) - 0.5) * 40
-    canvas = top * (1 - t) + bottom * t + noise[..., None]
+    style = "flat"
+    if styles is not None:
+        unknown = [x for x in styles if x not in CONCEPT_STYLES]
+        if unknown or not styles:
+            raise ValueError(f"styles {list(styles)}: choose from {', '.join(CONCEPT_STYLES)}")
+        srng = np.random.default_rng([int(seed), int(index), _CONCEPT_STREAM, 1])
+        style = str(styles[int(srng.integers(len(styles)))])
+    if style == "flat":
+        t = (np.mgrid[0:h, 0:w][0].astype(np.float32) / max(h - 1, 1))[..., None]
+        # a vertical gradient between two greys, each tinted (up to 30 levels per channel)
+        top, bottom = rng.uniform(90, 220, (2, 1)) + rng.uniform(-30, 30, (2, 3))
+        noise = (_smooth_noise(rng, h, w, int(rng.integers(4, 12))) - 0.5) * 40
+        canvas = top * (1 - t) + bottom * t + noise[..., None]
+    else:
+        canvas = _styled_background(srng, style, h, w)
     nouns, colours, shapes = list(CONCEPT_SHAPES), list(CONCEPT_COLOURS), []
     for _ in range(int(rng.integers(num_instances[0], num_instances[1] + 1))):
         noun, colour = (
@@ -449,11 +471,17 @@ def concept_scene(
             break
         del shapes[small[0]]
     for _, colour, m in shapes:
-        # the named colour, shifted up to 25 levels per channel and slightly shaded
+        # the named colour, shifted up to 25 levels per channel
         rgb = np.array(CONCEPT_COLOURS[colour], np.float32) + rng.uniform(-25, 25, 3)
-        shade = 1 + (_smooth_noise(rng, h, w, 8)[..., None] - 0.5) * 0.15
-        canvas = np.where(m[..., None], rgb * shade, canvas)
-    canvas = canvas + rng.normal(0, 2.0, canvas.shape)
+        if style == "flat":  # slightly shaded
+            shade = 1 + (_smooth_noise(rng, h, w, 8)[..., None] - 0.5) * 0.15
+            canvas = np.where(m[..., None], rgb * shade, canvas)
+        else:
+            canvas = _styled_paint(srng, style, canvas, m, rgb)
+    if style == "photo":
+        canvas = _photo_degrade(srng, canvas)
+    else:
+        canvas = canvas + rng.normal(0, 2.0, canvas.shape)
     full = [m for _, _, m in shapes]
     return ConceptScene(
         image=np.clip(canvas, 0, 255).astype(np.uint8),
@@ -464,14 +492,93 @@ def concept_scene(
     )
 
 
+def _styled_background(rng: np.random.Generator, style: str, h: int, w: int) -> np.ndarray:
+    """H x W x 3 float32 background of a concept scene drawn in ``style`` (not "flat")."""
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    if style in ("textured", "photo"):
+        return _texture(rng, h, w, strength=rng.uniform(0.3, 0.8)) * rng.uniform(0.7, 1.0)
+    if style == "outlined":  # a pale paper
+        return np.broadcast_to(rng.uniform(200, 250, 3).astype(np.float32), (h, w, 3)).copy()
+    if style == "clutter":  # SAM v1's scenes: textures and shapes outside the vocabulary
+        canvas = _texture(rng, h, w, strength=rng.uniform(0.2, 0.6)).astype(np.float32)
+        for _ in range(int(rng.integers(3, 8))):
+            kind = _CLUTTER_KINDS[int(rng.integers(len(_CLUTTER_KINDS)))]
+            m = _shape_mask(rng, kind, w, h, min(w, h) * rng.uniform(0.1, 0.4))
+            canvas = np.where(m[..., None], _colour(rng) * rng.uniform(0.6, 1.0), canvas)
+        return canvas
+    if style == "shaded":  # a soft two-colour gradient with a vignette (the example's style)
+        angle = rng.uniform(0, 2 * math.pi)
+        t = xx * math.cos(angle) + yy * math.sin(angle)
+        t = ((t - t.min()) / max(float(t.max() - t.min()), 1.0))[..., None]
+        a, b = rng.uniform(150, 240, 3), rng.uniform(150, 240, 3)
+        r = np.hypot((xx - w / 2) / w, (yy - h / 2) / h)[..., None]
+        return (a * (1 - t) + b * t) * (1 - 0.35 * r)
+    raise ValueError(f"unknown style {style!r}")
+
+
+def _styled_paint(
+    rng: np.random.Generator, style: str, canvas: np.ndarray, m: np.ndarray, rgb: np.ndarray
+) -> np.ndarray:
+    """``canvas`` with the shape ``m`` painted in colour ``rgb`` in ``style``."""
+    from PIL import ImageFilter
+
+    h, w = m.shape
+    mask_img = Image.fromarray(m.astype(np.uint8) * 255)
+    if style in ("textured", "photo", "clutter"):
+        pattern = _texture(rng, h, w, strength=1.0).mean(axis=-1, keepdims=True) / 255.0
+        fill = rgb * (1 - rng.uniform(0.1, 0.3) * pattern)
+        return np.where(m[..., None], fill, canvas)
+    if style == "outlined":
+        width = int(rng.integers(2, 5))
+        inner = np.asarray(mask_img.filter(ImageFilter.MinFilter(2 * width + 1)), bool)
+        canvas = np.where(m[..., None], rgb * rng.uniform(0.25, 0.45), canvas)
+        return np.where(inner[..., None], rgb, canvas)
+    if style == "shaded":  # a soft drop shadow, then the shape lit from one side
+        dx, dy = rng.integers(3, 9, 2)
+        shadow = np.roll(np.roll(m, int(dy), axis=0), int(dx), axis=1)
+        soft = (
+            np.asarray(
+                Image.fromarray(shadow.astype(np.uint8) * 255).filter(ImageFilter.GaussianBlur(4)),
+                np.float32,
+            )[..., None]
+            / 255.0
+        )
+        canvas = canvas * (1 - 0.45 * soft)
+        depth = np.asarray(mask_img.filter(ImageFilter.GaussianBlur(6)), np.float32) / 255.0
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        light = (xx / w + yy / h) * 0.5  # lit from the top left
+        shade = 0.75 + 0.35 * depth[..., None] - 0.2 * light[..., None]
+        return np.where(m[..., None], rgb * shade, canvas)
+    raise ValueError(f"unknown style {style!r}")
+
+
+def _photo_degrade(rng: np.random.Generator, canvas: np.ndarray) -> np.ndarray:
+    """A camera's look: colour cast, blur, sensor noise, JPEG compression."""
+    import io
+
+    from PIL import ImageFilter
+
+    canvas = canvas * rng.uniform(0.85, 1.15, 3) + rng.uniform(-15, 15)
+    img = Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8))
+    img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 1.5))))
+    noisy = np.asarray(img, np.float32) + rng.normal(0, rng.uniform(4, 10), canvas.shape)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(
+        buf, "JPEG", quality=int(rng.integers(30, 75))
+    )
+    return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"), np.float32)
+
+
 def write_concept_dataset(
     out: str | Path,
     num_images: int,
     seed: int = 0,
     sizes: list[list[int]] | None = None,
     overwrite: bool = False,
+    styles: tuple[str, ...] | list[str] | None = None,
 ) -> Path:
-    """Write ``num_images`` concept scenes as COCO instance JSON: ``images/NNNNNN.png`` +
+    """Write ``num_images`` concept scenes (of ``styles``, see :func:`concept_scene`) as COCO
+    instance JSON: ``images/NNNNNN.png`` +
     ``annotations.json`` whose categories are :data:`CONCEPT_PHRASES` (ids 1, 2, ... in that
     order, all of them, so that phrases absent from an image are its negatives) and whose
     annotations are one per (instance, phrase it answers to), with RLE segmentations. Refuses
@@ -485,7 +592,7 @@ def write_concept_dataset(
         "categories": [{"id": i, "name": n, "supercategory": "shape"} for n, i in cat_ids.items()],
     }
     for i in range(num_images):
-        scene = concept_scene(seed, i, sizes)
+        scene = concept_scene(seed, i, sizes, styles=styles)
         h, w = scene.image.shape[:2]
         name = f"{i:06d}.png"
         Image.fromarray(scene.image).save(out / "images" / name)

@@ -31,6 +31,8 @@ class Sam3DataSpec:
     num_images: int = 0  # concepts: scenes to write; coco: the first N images (0: all)
     seed: int = 0
     sizes: list[list[int]] | None = None  # concepts: [[width, height], ...]
+    # concepts: drawing styles picked at random (train.synthetic.CONCEPT_STYLES); None: "flat"
+    styles: list[str] | None = None
 
 
 @dataclass

@@ -166,7 +166,9 @@ class Sam3Trainer(TrainerBase):
             if self.rank == 0 and not (path / "annotations.json").is_file():
                 from ..synthetic import write_concept_dataset
 
-                write_concept_dataset(path, spec.num_images, spec.seed, spec.sizes, overwrite=True)
+                write_concept_dataset(
+                    path, spec.num_images, spec.seed, spec.sizes, overwrite=True, styles=spec.styles
+                )
             self._barrier()
         resolution = int(self.spec.image_size)
         min_size = cfg.data.min_size or min(480, resolution // 2)
