@@ -117,7 +117,7 @@ def test_train_run_and_eval(tmp_path, capsys):
     result = json.loads(out_json.read_text())
     assert result["images"] == 2 and result["concepts"] == 30
     assert f"mask AP50 {result['mask']['AP50']:.4f}" in printed
-    assert result["data"] == {"format": "concepts", "num_images": 2, "seed": 7}
+    assert result["data"] == {"format": "concepts", "num_images": 2, "seed": 7, "styles": ["flat"]}
 
 
 def test_resume_continues_exactly(tmp_path):
