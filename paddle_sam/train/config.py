@@ -124,7 +124,7 @@ def _loader() -> type:
                     self._refuse(f"more than {MAX_ALIASES} aliases (*name)", event)
                 target = self.anchors.get(event.anchor)
                 if target is not None and id(target) not in self.sizes:
-                    self._refuse(f"alias *{shown(event.anchor)[1:-1]} inside its own anchor", event)
+                    self._refuse(f"alias *{key_text(event.anchor)} inside its own anchor", event)
                 return super().compose_node(parent, index)
             self.depth += 1
             if self.depth > MAX_DEPTH:
