@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError, build_config, read_raw
+from .config import build_config, read_raw, refuse
 from .sam_v1.config import Config, validate
 
 FAMILIES = ("sam_v1", "sam3")
@@ -21,7 +21,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Any:
     raw, where = read_raw(path, overrides)
     family = raw.get("family", "sam_v1")
     if family not in FAMILIES:
-        raise ConfigError(f"{where}: family = {family!r}: choose from {', '.join(FAMILIES)}")
+        refuse(where, "family", family, f"choose from {', '.join(FAMILIES)}")
     if family == "sam3":
         # here, not at the top: the sam3 package imports its criterion (Paddle and the model)
         from .sam3.config import Sam3Config, validate_sam3

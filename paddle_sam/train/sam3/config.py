@@ -10,11 +10,22 @@ inverse-square-root schedule (time scale, warm-up and cool-down 20 steps), the l
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..config import ConfigBase, ConfigError, RunConfig, check_optim, check_positive
+from ..config import (
+    ConfigBase,
+    RunConfig,
+    check_at_least,
+    check_fraction,
+    check_optim,
+    check_path,
+    check_positive,
+    check_sizes,
+    check_train,
+    refuse,
+)
 
 FREEZABLE = ("vision_backbone", "text_encoder")
 
@@ -152,14 +163,12 @@ def model_spec(model: Sam3ModelConfig) -> Any:
 
 
 def validate_sam3(cfg: Sam3Config, where: str) -> None:
-    """Value checks that types cannot express."""
+    """Value checks that types cannot express; the values are finite already
+    (``config.checked``)."""
     from ...models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
 
-    def bad(key: str, value, why: str):
-        raise ConfigError(f"{where}: {key} = {value!r}: {why}")
-
-    if cfg.model.checkpoint is not None and not Path(cfg.model.checkpoint).is_file():
-        raise FileNotFoundError(f"{where}: model.checkpoint file not found: {cfg.model.checkpoint}")
+    bad = functools.partial(refuse, where)
+    check_path("model.checkpoint", cfg.model.checkpoint, where)
     if cfg.model.checkpoint is None:
         try:
             Sam3Spec.from_dict({**SAM3_SPEC.to_dict(), **cfg.model.spec})
@@ -207,22 +216,29 @@ def validate_sam3(cfg: Sam3Config, where: str) -> None:
             bad(f"data.{name}.path", spec.path, "a dataset needs a path")
         if spec.format == "concepts" and spec.num_images < 1:
             bad(f"data.{name}.num_images", spec.num_images, "must be >= 1 for concept scenes")
-        if spec.format == "coco" and not Path(spec.path).exists():
-            raise FileNotFoundError(f"{where}: data.{name}.path not found: {spec.path}")
-    positive = {
-        "train.steps": cfg.train.steps,
-        "train.batch_size": cfg.train.batch_size,
-        "train.grad_accum": cfg.train.grad_accum,
-        "train.log_every": cfg.train.log_every,
-        "train.checkpoint_every": cfg.train.checkpoint_every,
-        "optim.lr": cfg.optim.lr,
-    }
-    check_positive(positive, bad)
-    if not 0 <= cfg.data.exemplar_prob <= 1:
-        bad("data.exemplar_prob", cfg.data.exemplar_prob, "must be in [0, 1]")
+        if spec.format == "coco":
+            check_path(f"data.{name}.path", spec.path, where, kind="path")
+        check_at_least({f"data.{name}.num_images": spec.num_images}, 0, bad)
+        check_at_least({f"data.{name}.seed": spec.seed}, 0, bad)
+        check_sizes(f"data.{name}.sizes", spec.sizes, bad)
+    check_train(cfg.train, bad)
+    check_positive({"data.eval_images": cfg.data.eval_images}, bad)
+    check_at_least({"data.min_size": cfg.data.min_size}, 1, bad)
+    check_at_least({"data.max_negatives": cfg.data.max_negatives}, 0, bad)
+    check_fraction({"data.exemplar_prob": cfg.data.exemplar_prob}, bad)
+    check_positive({"model.lora_alpha": cfg.model.lora_alpha}, bad)
+    check_at_least({"loss.o2m_weight": cfg.loss.o2m_weight}, 0, bad)
     if not 0 < cfg.optim.layer_decay <= 1:
         bad("optim.layer_decay", cfg.optim.layer_decay, "must be in (0, 1]")
     check_optim(cfg.optim, bad)
+    check_at_least(
+        {
+            "optim.vision_lr_scale": cfg.optim.vision_lr_scale,
+            "optim.text_lr_scale": cfg.optim.text_lr_scale,
+        },
+        0,
+        bad,
+    )
 
 
 __all__ = [

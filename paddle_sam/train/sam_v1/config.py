@@ -4,11 +4,22 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..config import ConfigBase, ConfigError, RunConfig, check_optim, check_positive
+from ..config import (
+    ConfigBase,
+    RunConfig,
+    check_at_least,
+    check_fraction,
+    check_optim,
+    check_path,
+    check_positive,
+    check_sizes,
+    check_train,
+    refuse,
+)
 
 
 @dataclass
@@ -107,16 +118,14 @@ class Config(ConfigBase):
 
 
 def validate(cfg: Config, where: str) -> None:
-    """Value checks that types cannot express (ranges, choices, files that must exist)."""
+    """Value checks that types cannot express (ranges, choices, files that must exist); the
+    values are finite already (``config.checked``)."""
     from ...models.sam_v1.build_sam import SAM_SPECS
 
-    def bad(key: str, value, why: str):
-        raise ConfigError(f"{where}: {key} = {value!r}: {why}")
-
+    bad = functools.partial(refuse, where)
     if cfg.model.type not in SAM_SPECS:
         bad("model.type", cfg.model.type, f"choose from {sorted(SAM_SPECS)}")
-    if cfg.model.checkpoint is not None and not Path(cfg.model.checkpoint).is_file():
-        raise FileNotFoundError(f"{where}: model.checkpoint file not found: {cfg.model.checkpoint}")
+    check_path("model.checkpoint", cfg.model.checkpoint, where)
     for name in ("train", "val"):
         spec = getattr(cfg.data, name)
         if spec is None:
@@ -128,23 +137,43 @@ def validate(cfg: Config, where: str) -> None:
                 bad(f"data.{name}.num_images", spec.num_images, "must be >= 1 for synthetic data")
         elif not spec.path:
             bad(f"data.{name}.path", spec.path, f"a {spec.format} dataset needs a path")
-        elif not Path(spec.path).exists():
-            raise FileNotFoundError(f"{where}: data.{name}.path not found: {spec.path}")
-    positive = {
-        "train.steps": cfg.train.steps,
-        "train.batch_size": cfg.train.batch_size,
-        "train.grad_accum": cfg.train.grad_accum,
-        "train.log_every": cfg.train.log_every,
-        "data.masks_per_image": cfg.data.masks_per_image,
-        "optim.lr": cfg.optim.lr,
-    }
-    check_positive(positive, bad)
+        else:
+            check_path(f"data.{name}.path", spec.path, where, kind="path")
+        check_at_least({f"data.{name}.num_images": spec.num_images}, 0, bad)
+        check_at_least({f"data.{name}.seed": spec.seed}, 0, bad)
+        check_sizes(f"data.{name}.sizes", spec.sizes, bad)
+    check_positive(
+        {
+            "data.masks_per_image": cfg.data.masks_per_image,
+            "data.eval_images": cfg.data.eval_images,
+        },
+        bad,
+    )
+    check_train(cfg.train, bad)
+    check_at_least({"train.freeze_encoder_steps": cfg.train.freeze_encoder_steps}, 0, bad)
     if cfg.loss.logit_upsample not in (1, 2, 4):
         bad("loss.logit_upsample", cfg.loss.logit_upsample, "choose from 1, 2, 4")
+    check_at_least(
+        {
+            f"loss.{k}": getattr(cfg.loss, k)
+            for k in ("focal_weight", "dice_weight", "iou_weight", "focal_gamma")
+        },
+        0,
+        bad,
+    )
+    if cfg.loss.focal_alpha != -1 and not 0 <= cfg.loss.focal_alpha <= 1:
+        bad("loss.focal_alpha", cfg.loss.focal_alpha, "must be in [0, 1] (or -1: none)")
     check_optim(cfg.optim, bad)
-    if not 0 <= cfg.prompts.box_fraction <= 1:
-        bad("prompts.box_fraction", cfg.prompts.box_fraction, "must be in [0, 1]")
-    if cfg.prompts.correction_rounds < 0:
-        bad("prompts.correction_rounds", cfg.prompts.correction_rounds, "must be >= 0")
+    check_at_least({"optim.encoder_lr_scale": cfg.optim.encoder_lr_scale}, 0, bad)
+    check_fraction({"prompts.box_fraction": cfg.prompts.box_fraction}, bad)
+    check_at_least(
+        {
+            "prompts.box_noise": cfg.prompts.box_noise,
+            "prompts.box_max_noise": cfg.prompts.box_max_noise,
+            "prompts.correction_rounds": cfg.prompts.correction_rounds,
+        },
+        0,
+        bad,
+    )
     if cfg.train.unfreeze_last_blocks < -1:
         bad("train.unfreeze_last_blocks", cfg.train.unfreeze_last_blocks, "-1 (all) or >= 0")
