@@ -275,6 +275,13 @@ class TrainerBase:
             else:
                 loss.backward()
         self._allreduce_grads(stats)
+        # the mean over ranks, so every rank stops; with fp16 loss scaling an overflow is the
+        # scaler's to skip
+        if self.scaler is None and not math.isfinite(stats["loss"]):
+            raise ValueError(
+                f"step {self.step + 1}: the loss is {stats['loss']} (not finite); stopped before "
+                "updating the weights (lower optim.lr, set optim.grad_clip, or check the data)"
+            )
         if self.scaler is None and "grad_norm" in self.metric_fields:
             stats["grad_norm"] = self._grad_norm()
         if self.scaler is not None:

@@ -355,3 +355,20 @@ def test_shipped_configs_read_as_before(tmp_path):
     """The bounded loader reads the shipped configs to the same values as ``yaml.safe_load``."""
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         assert read_raw(path)[0] == yaml.safe_load(path.read_text()), path.name
+
+
+def test_a_loss_that_stops_being_finite_stops_the_run(tmp_path, capsys):
+    """A finite but absurd learning rate sends the weights to infinity after the first step: the
+    run stops at the first non-finite loss with one line, and no model with NaN weights is
+    saved."""
+    cfg = put(v1_config(tmp_path), "optim.lr", 1e30)
+    cfg = put(cfg, "train.steps", 4)
+    cfg = put(cfg, "train.checkpoint_every", 100)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(lines) == 1 and "not finite" in lines[0], err[-2000:]
+    assert not (tmp_path / "run" / "model.pdparams").exists()
