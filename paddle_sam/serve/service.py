@@ -110,8 +110,11 @@ class ModelService:
 
     @property
     def demo(self) -> str | None:
-        """What the bundled demo model is and where real weights come from; None for another."""
-        return bundled_notice(self.source) if self.source is not None else None
+        """What the bundled demo model is and the command that gets real weights ("the default
+        synthetic model (sam_tiny_synthetic.pdparams, ...: paddle-sam download vit_b)"); None
+        for any other model."""
+        notice = bundled_notice(self.source) if self.source is not None else None
+        return notice.removeprefix("using ") if notice else None
 
     @property
     def confidence_threshold(self) -> float | None:
