@@ -17,6 +17,7 @@ const state = {
   inFlight: false,
   pending: null,         // an object whose prompts changed while a request was running
   unsaved: false,        // objects changed since the last export
+  threshold: null,       // SAM 3's confidence threshold sent with prompts
   classes: loadClasses(), // class names in id order, kept for this tab (ids equal across images)
 };
 
@@ -109,12 +110,14 @@ async function loadHealth() {
 }
 
 function setConfidence(value) {
+  // the threshold sent: the server's own until the slider moves (which rounds to its steps)
+  state.threshold = Number(value);
   $("confidence-input").value = String(value);
-  $("confidence-value").textContent = Number($("confidence-input").value).toFixed(2);
+  $("confidence-value").textContent = state.threshold.toFixed(2);
 }
 
 function confidence() {
-  return $("confidence-label").hidden ? null : Number($("confidence-input").value);
+  return $("confidence-label").hidden ? null : state.threshold;
 }
 
 // -- class names (ids kept for this tab, so that they agree across the images labelled) --
@@ -383,6 +386,7 @@ function deleteObject(id) {
     state.selected = next ? next.id : newObject().id;
   }
   selectObject(state.selected);
+  renderOverlay(true);
   setStatus(`Deleted ${className(gone)}.`);
 }
 
@@ -659,7 +663,7 @@ function finishChange(o) {
     drawPrompts();
   }
   renderList();
-  renderOverlay();
+  renderOverlay(true);
   updateButtons();
 }
 
@@ -735,7 +739,8 @@ function edgeWidth(c) {
   return Math.max(1, Math.round((shown > 0 ? c.width / shown : 1) * 1.5));
 }
 
-function renderOverlay() {
+function renderOverlay(changed = false) {
+  // changed: the objects' masks changed (data-version counts those redraws)
   const c = $("overlay-canvas");
   const W = c.width;
   const H = c.height;
@@ -765,9 +770,9 @@ function renderOverlay() {
   c.dataset.count = String(order.length);
   c.dataset.score = sel && sel.mask ? sel.mask.score.toFixed(4) : "";
   c.dataset.index = sel && sel.answer ? String(sel.chosen) : "";
-  c.dataset.version = String(Number(c.dataset.version || 0) + 1);
+  if (changed) c.dataset.version = String(Number(c.dataset.version || 0) + 1);
   $("score").textContent = sel && sel.mask
-    ? `${className(sel)}: score ${sel.mask.score.toFixed(3)} · ${sel.mask.area} px` : "";
+    ? `score ${sel.mask.score.toFixed(3)} · ${sel.mask.area} px (${className(sel)})` : "";
 }
 
 function maskPngUrl(o) {
@@ -870,7 +875,7 @@ async function everything() {
     state.objects.push(empty);
   }
   renderList();
-  renderOverlay();
+  renderOverlay(true);
   updateButtons();
   const n = job.masks.length;
   let text = `${n} mask${n === 1 ? "" : "s"} in ${job.seconds.toFixed(1)} s`;
