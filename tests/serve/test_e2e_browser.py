@@ -259,6 +259,16 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         # the page's RLE decoder draws every mask
         np.testing.assert_array_equal(shown, union | labelled)
         assert page.locator("#object-list li").count() == 1 + len(job["masks"])
+        # an object found: its download is its mask, under its name
+        page.locator("#object-list li[data-id='2'] .meta").click()
+        link = page.locator("#download-link")
+        page.wait_for_function(
+            "document.getElementById('download-link').download === 'object_2.png'"
+        )
+        got = decode_mask_png(base64.b64decode(link.get_attribute("href").split(",", 1)[1]))
+        rle = job["masks"][0]["segmentation"]
+        want = mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()})
+        np.testing.assert_array_equal(got, want.astype(bool))
         page.screenshot(path=str(ARTIFACTS / "e2e_browser_everything.png"))
 
         # drag and drop another image: a new session replaces the old one, once the page has

@@ -61,6 +61,17 @@ def select(page, object_id: int) -> None:
     )
 
 
+def overlay_rgba(page) -> np.ndarray:
+    d = page.evaluate(
+        """() => {
+          const c = document.getElementById('overlay-canvas');
+          const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          return {w: c.width, h: c.height, px: Array.from(px)};
+        }"""
+    )
+    return np.array(d["px"], dtype=np.uint8).reshape(d["h"], d["w"], 4)
+
+
 def download(page, button: str, tmp_path):
     with page.expect_download() as info:
         page.click(button)
@@ -125,9 +136,18 @@ def test_label_two_objects_export_coco_and_yolo(browser_page, tmp_path):  # noqa
             np.testing.assert_array_equal(got, want)
             assert 0 < got.sum() < got.size
             masks[name] = got
-        # both drawn, each in its colour
+        # both drawn, each in its own colour, edged in a dark line that no background hides
         shown, _ = overlay_mask(page)
         np.testing.assert_array_equal(shown, masks["rectangle"] | masks["star"])
+        rgba = overlay_rgba(page)
+        inner = [tuple(rgba[y, x]) for x, y in labels.values()]
+        assert inner[0][:3] != inner[1][:3] and all(0 < a < 255 for *_, a in inner), inner
+        for m in masks.values():
+            outside = np.pad(~m, 1, constant_values=True)
+            edge = m & (
+                outside[:-2, 1:-1] | outside[2:, 1:-1] | outside[1:-1, :-2] | outside[1:-1, 2:]
+            )
+            assert (rgba[edge][:, :3] == 0).all() and (rgba[edge][:, 3] > 200).all()
 
         # COCO: read back with pycocotools, a category per class name as typed, the masks
         # the page's, each bbox the mask's own box

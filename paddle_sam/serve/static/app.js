@@ -317,6 +317,7 @@ function newObject(fields = {}) {
     query: null,       // the text / exemplar query that found it (SAM 3), shared by its finds
     mask: null,        // {rle, png (base64 or null), score, area}
     layers: null,      // its pixels for drawing (maskLayers)
+    pngUrl: null,      // its mask as a PNG data URL, when drawn here
     ...fields,
   };
   state.objects.push(o);
@@ -393,6 +394,7 @@ function deleteObject(id) {
 function setMask(o, mask) {
   o.mask = mask;
   o.layers = null;
+  o.pngUrl = null;
   state.unsaved = true;
 }
 
@@ -776,8 +778,9 @@ function renderOverlay(changed = false) {
 }
 
 function maskPngUrl(o) {
-  // the server's PNG when it sent one, else drawn here (0 / 255 grey levels)
+  // the server's PNG when it sent one, else drawn here once (0 / 255 grey levels)
   if (o.mask.png) return `data:image/png;base64,${o.mask.png}`;
+  if (o.pngUrl) return o.pngUrl;
   const c = $("overlay-canvas");
   const { bits } = decodeMask(o.mask.rle, c.width, c.height);
   const tmp = document.createElement("canvas");
@@ -790,7 +793,8 @@ function maskPngUrl(o) {
     img.data.set([v, v, v, 255], 4 * i);
   }
   ctx.putImageData(img, 0, 0);
-  return tmp.toDataURL("image/png");
+  o.pngUrl = tmp.toDataURL("image/png");
+  return o.pngUrl;
 }
 
 function showChoices() {
