@@ -837,10 +837,17 @@ async function everything() {
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify(options),
   });
-  let r = await start();
-  if (r.status === 410 && state.file) {
-    await reupload();
+  let r;
+  try {
     r = await start();
+    if (r.status === 410 && state.file) {
+      await reupload();
+      r = await start();
+    }
+  } catch (e) {
+    setStatus(`request failed: ${e.message}`, true);
+    $("everything-button").disabled = false;
+    return;
   }
   if (!r.ok) {
     setStatus(await apiError(r), true);
@@ -916,11 +923,17 @@ function exportBody() {
 async function exportObjects(format) {
   if (!state.session) return;
   const { skipped, body } = exportBody();
-  const r = await api(`/export/${format}`, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify(body),
-  });
+  let r;
+  try {
+    r = await api(`/export/${format}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    });
+  } catch (e) {
+    setStatus(`export failed: ${e.message}`, true);
+    return;
+  }
   if (!r.ok) {
     setStatus(await apiError(r), true);
     return;
