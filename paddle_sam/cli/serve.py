@@ -22,13 +22,13 @@ from ..serve.config import (
     TOKEN_ENV,
 )
 from .common import (
+    _sam_v1_source,
     add_model_args,
     add_precision_arg,
     check_one_source,
     check_precision,
     exported_predictor,
     family,
-    image_predictor,
     parse_confidence_threshold,
     positive,
     source_of,
@@ -225,10 +225,12 @@ def _exposure_warning(host: str, port: int, token: str | None) -> str | None:
     )
 
 
-def _sam3_models(args: argparse.Namespace) -> tuple[object, object | None, str | None]:
-    """SAM 3's image predictor, video predictor (or None) and why there is no video mode: one
-    copy of the weights when the checkpoint has the video tracker (the video model's detector,
-    with the tracker's heads for clicks, serves the image page)."""
+def _sam3_models(
+    args: argparse.Namespace,
+) -> tuple[object, object | None, str | None, object]:
+    """SAM 3's image predictor, video predictor (or None), why there is no video mode, and the
+    source: one copy of the weights when the checkpoint has the video tracker (the video
+    model's detector, with the tracker's heads for clicks, serves the image page)."""
     from ..loading import image_predictor_of_video, load_image_predictor, video_predictor_or_refusal
 
     if args.exported is not None:
@@ -244,11 +246,11 @@ def _sam3_models(args: argparse.Namespace) -> tuple[object, object | None, str |
             print(f"paddle-sam serve: note: no video mode: {why}", file=sys.stderr)
             why = f"this server's SAM 3 checkpoint has no video mode: {why}"
     if video is not None:
-        return image_predictor_of_video(video, args.confidence_threshold), video, None
+        return image_predictor_of_video(video, args.confidence_threshold), video, None, source
     image = load_image_predictor(
         source, bpe=args.bpe, confidence_threshold=args.confidence_threshold
     )
-    return image, None, why
+    return image, None, why, source
 
 
 def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
@@ -306,14 +308,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sam3 = family(args) == "sam3"
     if not sam3 and (args.bpe is not None or args.confidence_threshold != 0.5):
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
-    video = video_refusal = None
+    video = video_refusal = source = None
     if sam3:
-        model, video, video_refusal = _sam3_models(args)
+        model, video, video_refusal, source = _sam3_models(args)
     elif args.exported is not None:
         check_one_source(args)
         model = exported_predictor(args.exported, precision=args.precision)
     else:
-        model = image_predictor(args, "sam_v1")
+        from ..loading import load_image_predictor
+
+        source = _sam_v1_source(args)
+        model = load_image_predictor(source, model_type=args.model_type)
     common = {
         "model_type": args.model_type,
         "memory_budget_mb": args.memory_budget_mb,
@@ -345,6 +350,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_video_frames=args.max_video_frames,
         max_video_seconds=args.max_video_seconds,
         max_video_pixels=args.max_video_pixels,
+        source=source,
     )
     page = f"http://{host}:{args.port}/" + (f"#token={token}" if token else "")
     print(f"paddle-sam serve: {page} (Ctrl+C to stop)", file=sys.stderr)

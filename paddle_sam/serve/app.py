@@ -76,6 +76,7 @@ def create_app(
     max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES,
     max_video_seconds: float = DEFAULT_MAX_VIDEO_SECONDS,
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS,
+    source: Any = None,
 ) -> FastAPI:
     """The service and its web page for a SAM model (wrapped in a SamPredictor), a SAM 3
     image model (wrapped in a ``Sam3Predictor``) or a predictor.
@@ -94,6 +95,10 @@ def create_app(
     ``video_not_supported`` with ``video_refusal`` (a default naming what is needed). Its
     limits: ``max_video_upload_mb`` (the file), ``max_video_frames``, ``max_video_seconds``,
     ``max_video_pixels`` (per frame). Video sessions share ``memory_budget_mb`` with images.
+
+    ``source``: the model's source (``paddle_sam.loading.resolve``), when known: ``/health``
+    then names the bundled demo model and its vocabulary, and "everything" takes the
+    generator's defaults for it (lowered for the bundled SAM v1).
     """
     check_token(token)
     if is_video_model(model_or_predictor) and video is None:
@@ -103,7 +108,7 @@ def create_app(
         model_or_predictor = image_predictor_of_video(video)
 
     predictor = as_image_predictor(model_or_predictor, "create_app")
-    service = ModelService(predictor, model_type, threads)
+    service = ModelService(predictor, model_type, threads, source)
     videos: VideoService | None = None
 
     def on_drop(session: Any) -> None:

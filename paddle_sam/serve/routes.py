@@ -1,6 +1,7 @@
-"""The service's HTTP API: the page, health, sessions, prompts, mask downloads and
-"everything" jobs, as ``router`` (an ``APIRouter``) over what ``create_app`` keeps in
-``app.state`` (:mod:`.state`): a ``ModelService``, a ``SessionStore`` and a ``JobQueue``.
+"""The service's HTTP API: the page, health, sessions, prompts, mask downloads,
+"everything" jobs and the exports of the page's objects (COCO, YOLO), as ``router`` (an
+``APIRouter``) over what ``create_app`` keeps in ``app.state`` (:mod:`.state`): a
+``ModelService``, a ``SessionStore`` and a ``JobQueue``.
 
 Every error is JSON ``{"error": code, "detail": message}`` with its HTTP status
 (:mod:`.errors`). Requests reach the routes through ``guard.RequestGuard`` (host, origin,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import time
 import warnings
@@ -21,13 +23,14 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
 from ..predict.io import ImageTooLargeError, coco_rle, decode_image
 from .config import MAX_JSON_BYTES
 from .errors import ServiceError
+from .exports import ExportError, class_list, coco_export, decode_rle, yolo_export
 from .guard import BodyTooLarge
-from .schemas import UPLOAD_SCHEMA, EverythingRequest, PromptRequest, mask_png
+from .schemas import UPLOAD_SCHEMA, EverythingRequest, ExportRequest, PromptRequest, mask_png
 from .service import ModelService, QueueFull, cancel_jobs, start_everything
 from .sessions import Answer, Session, SessionStore
 from .state import AppGates, AppLimits, Gates, Jobs, Limits, Service, Store, Videos
@@ -45,6 +48,7 @@ IMAGE_SIGNATURES = {
     "TIFF": (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"),  # classic and BigTIFF
 }
 IMAGE_FORMATS = "PNG, JPEG, WebP, BMP, TIFF or GIF"
+EVERYTHING_OPTIONS = tuple(EverythingRequest.model_fields)
 
 
 def sniff_image_format(data: bytes) -> str | None:
@@ -98,6 +102,17 @@ def health(service: Service, store: Store, jobs: Jobs, videos: Videos, limits: A
             "returns_instances": service.returns_instances,
             "everything": service.supports_everything,
             "video": videos is not None,
+            # SAM 3: instances scoring above it are answered (a prompt may give its own)
+            "confidence_threshold": service.confidence_threshold,
+            # "everything"'s defaults for this model (lowered for the bundled SAM v1)
+            "generator": (
+                {k: service.generator_defaults[k] for k in EVERYTHING_OPTIONS}
+                if service.supports_everything
+                else None
+            ),
+            # the bundled demo model: what it is, and the command that gets real weights
+            "demo": service.demo,
+            "vocabulary": service.vocabulary,
         },
         "threads": service.threads,
         "sessions": store.stats(),
@@ -283,6 +298,15 @@ def _prompt_kwargs(service: ModelService, req: PromptRequest) -> dict[str, Any]:
         kwargs["text"] = req.text
     if req.previous_mask and not service.takes_mask_input:
         raise ServiceError(400, "mask_not_supported", service.mask_refusal)
+    if req.confidence_threshold is not None:
+        if service.confidence_threshold is None:
+            raise ServiceError(
+                400,
+                "not_supported",
+                f"confidence_threshold applies to SAM 3; this model ({service.model_type}) "
+                "has none",
+            )
+        kwargs["confidence_threshold"] = req.confidence_threshold
     return kwargs
 
 
@@ -330,10 +354,12 @@ def prompt(session_id: str, req: PromptRequest, service: Service, store: Store) 
             item["rle"] = coco_rle(m)
         out_masks.append(item)
     store.refresh(s)
+    threshold = kwargs.get("confidence_threshold", service.confidence_threshold)
     return {
         "session_id": s.id,
         "best": best,
         "instances": service.answers_instances(req.text, bool(req.points), req.previous_mask),
+        "confidence_threshold": threshold,
         "masks": out_masks,
         "timings_ms": {
             "model": round(t_model * 1e3, 2),
@@ -376,8 +402,11 @@ def everything(
     s = store.get(session_id)
     if not service.supports_everything:
         raise ServiceError(400, "not_supported", service.everything_refusal)
+    # what the request leaves out: the generator's defaults for this model
+    options = {k: service.generator_defaults[k] for k in EVERYTHING_OPTIONS}
+    options.update(req.model_dump(exclude_unset=True))
     try:
-        job = start_everything(service, store, jobs, s, req.model_dump())
+        job = start_everything(service, store, jobs, s, options)
     except QueueFull as exc:
         raise ServiceError(429, "queue_full", str(exc), headers={"Retry-After": "5"}) from None
     return job.to_json(with_result=False)
@@ -393,6 +422,70 @@ def everything_status(session_id: str, job_id: str, store: Store) -> dict:
     if job is None:
         raise ServiceError(404, "job_not_found", f"unknown job {job_id!r} in session {session_id}")
     return job.to_json(with_result=True)
+
+
+# -- exports of the page's objects --
+
+
+def _export_objects(req: ExportRequest, limits: Limits) -> tuple[list, list[str]]:
+    """The request's objects as (class name, mask) and the class list; 400 naming the object
+    whose mask does not fit the image."""
+    if req.width * req.height > limits.max_image_pixels:
+        raise ServiceError(
+            400,
+            "invalid_export",
+            f"{req.width} x {req.height} pixels is above this server's limit of "
+            f"{limits.max_image_pixels}",
+        )
+    objects = []
+    for i, o in enumerate(req.objects, 1):
+        try:
+            mask = decode_rle(o.rle.model_dump(), req.height, req.width)
+        except ValueError as exc:
+            raise ServiceError(
+                400, "invalid_export", f"object {i} ({o.name!r}): bad mask: {exc}"
+            ) from None
+        objects.append((o.name, mask))
+    try:
+        classes = class_list([name for name, _ in objects], req.classes)
+    except ExportError as exc:
+        raise ServiceError(400, "invalid_export", str(exc)) from None
+    return objects, classes
+
+
+def _attachment(file_name: str, suffix: str) -> dict[str, str]:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(file_name).stem).strip("._") or "image"
+    return {"Content-Disposition": f'attachment; filename="{stem}{suffix}"'}
+
+
+@router.post(
+    "/export/coco",
+    summary="an image's labelled objects (class names, RLE masks) as a COCO file",
+)
+def export_coco(req: ExportRequest, limits: AppLimits) -> Response:
+    objects, classes = _export_objects(req, limits)
+    try:
+        doc = coco_export(req.file_name, req.height, req.width, objects, classes)
+    except ExportError as exc:
+        raise ServiceError(400, "invalid_export", str(exc)) from None
+    return JSONResponse(doc, headers=_attachment(req.file_name, ".json"))
+
+
+@router.post(
+    "/export/yolo",
+    summary="an image's labelled objects as YOLO segmentation labels (text, a line each)",
+    response_class=PlainTextResponse,
+)
+def export_yolo(req: ExportRequest, limits: AppLimits) -> Response:
+    objects, classes = _export_objects(req, limits)
+    try:
+        text = yolo_export(req.height, req.width, objects, classes)
+    except ExportError as exc:
+        raise ServiceError(400, "invalid_export", str(exc)) from None
+    headers = _attachment(req.file_name, ".txt")
+    # the class names in id order, for the dataset's names list (JSON, ASCII-escaped)
+    headers["X-Class-Names"] = json.dumps(classes)
+    return PlainTextResponse(text, headers=headers)
 
 
 __all__ = [

@@ -9,6 +9,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from .config import MAX_JSON_BYTES
+
 # -- request bodies ----------------------------------------------------------------------
 
 
@@ -33,6 +35,13 @@ class PromptRequest(BaseModel):
         default=None, description="which mask of the last answer (default: its best)"
     )
     text: str | None = Field(default=None, max_length=1000, description="SAM 3 models only")
+    confidence_threshold: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description="SAM 3 models only: keep instances scoring above it, for this request "
+        "(default: the server's --confidence-threshold)",
+    )
     multimask: bool = Field(default=False, description="3 masks instead of 1")
     outputs: list[Literal["png", "rle"]] = Field(
         default_factory=lambda: ["png", "rle"], description="mask encodings to return"
@@ -49,6 +58,42 @@ class EverythingRequest(BaseModel):
     box_nms_thresh: float = Field(default=0.7, ge=0.0, le=1.0)
     crop_n_layers: int = Field(default=0, ge=0, le=2)
     min_mask_region_area: int = Field(default=0, ge=0)
+
+
+class RleMask(BaseModel):
+    """A mask as COCO compressed RLE (what ``/prompt`` and "everything" return)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: tuple[int, int] = Field(description="[height, width]")
+    counts: str = Field(max_length=MAX_JSON_BYTES, description="pycocotools' counts string")
+
+
+class ExportObject(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, description="its class name")
+    rle: RleMask
+
+
+class ExportRequest(BaseModel):
+    """An image's labelled objects, for ``/export/coco`` and ``/export/yolo``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file_name: str = Field(
+        default="image.png", min_length=1, max_length=255, description="the image's file name"
+    )
+    width: int = Field(ge=1, description="the image's size in pixels")
+    height: int = Field(ge=1)
+    objects: list[ExportObject] = Field(min_length=1, max_length=10_000)
+    classes: list[str] | None = Field(
+        default=None,
+        max_length=10_000,
+        description="class names in id order (COCO category id = position + 1, YOLO class "
+        "id = position), to keep ids equal across images; default: the objects' names in "
+        "order of first appearance",
+    )
 
 
 class VideoPromptRequest(BaseModel):
@@ -159,8 +204,11 @@ __all__ = [
     "UPLOAD_SCHEMA",
     "VIDEO_UPLOAD_SCHEMA",
     "EverythingRequest",
+    "ExportObject",
+    "ExportRequest",
     "PromptRequest",
     "PropagateRequest",
+    "RleMask",
     "VideoPromptRequest",
     "mask_png",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._runtime import cpu_count, get_num_threads, set_num_threads
+from ..loading import Source, bundled_notice, generator_defaults_for, vocabulary
 from ..models.sam_v1.build_sam import SAM_SPECS
 from ..predict.base import InteractivePredictor
 from .sessions import Session, SessionStore
@@ -37,6 +38,10 @@ class ModelService:
     ``predict(..., text=...)``; ``takes_points = False`` tells clients it refuses points, and
     ``returns_instances`` that an answer can be a set of instances (all shown) rather than
     candidate masks of one object (one shown).
+
+    ``source``: where the model came from (:func:`paddle_sam.loading.resolve`), when known:
+    it tells the bundled demo model (:attr:`demo`), its vocabulary and the generator's
+    defaults for it.
     """
 
     def __init__(
@@ -44,8 +49,10 @@ class ModelService:
         predictor: InteractivePredictor,
         model_type: str | None = None,
         threads: int | None = None,
+        source: Source | None = None,
     ) -> None:
         self.predictor = predictor
+        self.source = source
         self.lock = threading.Lock()
         # OpenMP's thread count is per calling thread, and requests run on worker threads
         # that would otherwise compute on one core: apply the creator's count in each of them
@@ -90,6 +97,30 @@ class ModelService:
             self.predictor.everything_refusal
             or f"'everything' mode needs SAM v1 on Paddle; this server runs {self.runtime}"
         )
+
+    @property
+    def generator_defaults(self) -> dict[str, Any]:
+        """The "everything" generator's defaults for this model (lowered for the bundled one)."""
+        return generator_defaults_for(self.source)
+
+    @property
+    def vocabulary(self) -> list[str] | None:
+        """The phrases a SAM 3 was trained on, where its sidecar lists them (the bundled one)."""
+        return vocabulary(self.source)
+
+    @property
+    def demo(self) -> str | None:
+        """What the bundled demo model is and the command that gets real weights ("the default
+        synthetic model (sam_tiny_synthetic.pdparams, ...: paddle-sam download vit_b)"); None
+        for any other model."""
+        notice = bundled_notice(self.source) if self.source is not None else None
+        return notice.removeprefix("using ") if notice else None
+
+    @property
+    def confidence_threshold(self) -> float | None:
+        """SAM 3's score threshold for instances; None for a model without one."""
+        value = getattr(self.predictor, "confidence_threshold", None)
+        return float(value) if value is not None else None
 
     @property
     def takes_mask_input(self) -> bool:
@@ -160,11 +191,23 @@ class ModelService:
             setattr(self.predictor, k, v)
         self.predictor.is_image_set = True
 
-    def predict(self, state: dict[str, Any], **kwargs) -> tuple[np.ndarray, ...]:
+    def predict(
+        self, state: dict[str, Any], confidence_threshold: float | None = None, **kwargs
+    ) -> tuple[np.ndarray, ...]:
+        """The predictor's answer on a session's state; ``confidence_threshold`` (SAM 3) for
+        this call only (the server's own is put back after it)."""
         with self.lock:
             self._use_threads()
             self.restore(state)
-            return self.predictor.predict(**kwargs)
+            if confidence_threshold is None:
+                return self.predictor.predict(**kwargs)
+            processor = self.predictor.processor
+            before = processor.confidence_threshold
+            processor.set_confidence_threshold(confidence_threshold)
+            try:
+                return self.predictor.predict(**kwargs)
+            finally:
+                processor.set_confidence_threshold(before)
 
     def yield_lock(self) -> None:
         """Let waiting requests run between the batches of a long job holding the lock."""

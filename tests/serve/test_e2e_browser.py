@@ -221,9 +221,13 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
         last = httpx.get(f"{server.url}/sessions/{sid}/masks/2.png", headers=AUTH).content
         np.testing.assert_array_equal(shown, decode_mask_png(last))
 
-        # "Segment everything": a background job with a progress bar, then every mask drawn.
-        # A random tiny model passes none of the default quality filters: turn them off here
-        # (and use fewer points, in 4 batches, to keep the test short).
+        # "Segment everything": a background job with a progress bar, then every mask drawn,
+        # each an object added to the one labelled above. A random tiny model passes none of
+        # the default quality filters: turn them off here (and use fewer points, in 4
+        # batches, to keep the test short).
+        labelled, _ = overlay_mask(page)
+        assert page.locator("#points-per-side").input_value() == "32"  # upstream's defaults
+        assert page.locator("#pred-iou").input_value() == "0.88"
         jobs = []
 
         def no_filters(route):
@@ -252,10 +256,30 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
             }
             union |= mask_utils.decode(rle).astype(bool)
         shown, _ = overlay_mask(page)
-        np.testing.assert_array_equal(shown, union)  # the page's RLE decoder draws every mask
+        # the page's RLE decoder draws every mask
+        np.testing.assert_array_equal(shown, union | labelled)
+        assert page.locator("#object-list li").count() == 1 + len(job["masks"])
+        # an object found: its download is its mask, under its name
+        page.locator("#object-list li[data-id='2'] .meta").click()
+        link = page.locator("#download-link")
+        page.wait_for_function(
+            "document.getElementById('download-link').download === 'object_2.png'"
+        )
+        got = decode_mask_png(base64.b64decode(link.get_attribute("href").split(",", 1)[1]))
+        rle = job["masks"][0]["segmentation"]
+        want = mask_utils.decode({"size": rle["size"], "counts": rle["counts"].encode()})
+        np.testing.assert_array_equal(got, want.astype(bool))
         page.screenshot(path=str(ARTIFACTS / "e2e_browser_everything.png"))
 
-        # drag and drop another image: a new session replaces the old one
+        # drag and drop another image: a new session replaces the old one, once the page has
+        # asked whether to drop the objects not exported
+        dialogs = []
+
+        def accept(dialog):
+            dialogs.append(dialog.message)
+            dialog.accept()
+
+        page.once("dialog", accept)
         other = make_image(100, 150, seed=6)
         page.evaluate(
             """async (b64) => {
@@ -273,6 +297,9 @@ def test_upload_click_overlay_matches_api(browser_page, tmp_path):
             timeout=60_000,
         )
         assert page.evaluate("document.getElementById('overlay-canvas').width") == 150
+        assert len(dialogs) == 1 and "dropped.png" in dialogs[0], dialogs
+        assert page.locator("#object-list li").count() == 1  # a fresh, empty object
+        assert overlay_mask(page)[1]["area"] == 0
         # the page freed it
         assert httpx.get(f"{server.url}/sessions/{sid}", headers=AUTH).status_code == 404
         assert errors == []
@@ -337,8 +364,9 @@ def test_text_box_for_a_model_that_takes_text(browser_page, tmp_path):
 
 
 def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
-    """SAM 3: typed text shows every instance found, their union equal to the API's; a click
-    is refused on the page (no points), a dragged box joins the text as an exemplar."""
+    """SAM 3: typed text shows every instance found, their union equal to the API's, each an
+    object named by the text; a click is refused on the page (no points), a dragged box joins
+    the text as an exemplar and replaces the instances found."""
     from paddle_sam.predict.sam3.predictor import Sam3Predictor
     from tests.helpers.server import sam3_threshold, tiny_sam3_model
 
@@ -376,13 +404,18 @@ def test_sam3_text_prompt_overlays_every_instance(browser_page, tmp_path):
         assert len(scores) == 3 and 0 < union.sum() < union.size and (union != best).any()
         assert d["area"] == int(union.sum())
         np.testing.assert_array_equal(shown, union)
-        chips = page.locator("#mask-choices .instance").all_inner_texts()
-        assert chips == [f"#{k + 1}: {s:.3f}" for k, s in enumerate(scores)]
+        # an object per instance, best first, named by the text, with its score
+        rows = page.locator("#object-list li")
+        assert rows.count() == 3
+        for k, score in enumerate(scores):
+            assert rows.nth(k).locator("input.name").input_value() == "a red disc"
+            assert rows.nth(k).locator(".meta").inner_text().endswith(f"{score:.3f}")
         assert page.locator("#status").inner_text().startswith("3 instances")
-        # the download is the union
-        href = page.locator("#download-link").get_attribute("href")
-        got = decode_mask_png(base64.b64decode(href.split(",", 1)[1]))
-        np.testing.assert_array_equal(got, union)
+        # the download is the selected object's mask: the best instance, named by its class
+        link = page.locator("#download-link")
+        got = decode_mask_png(base64.b64decode(link.get_attribute("href").split(",", 1)[1]))
+        np.testing.assert_array_equal(got, best)
+        assert link.get_attribute("download") == "a_red_disc_1.png"
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "e2e_browser_sam3.png"))
 

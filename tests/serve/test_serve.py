@@ -607,6 +607,11 @@ def test_serve_cli_runs_a_checkpoint(tmp_path, images, bundled):
         else:
             raise AssertionError("server did not start")
         assert health["model"]["spec"] == json.loads(json.dumps(model.spec.to_dict()))
+        # the page's banner: the bundled demo model only, with the command for real weights
+        demo = health["model"]["demo"]
+        assert (
+            (demo is not None and "paddle-sam download vit_b" in demo) if bundled else demo is None
+        )
         r = httpx.post(
             f"{url}/sessions", files={"image": ("a.png", png_bytes(images["b"]), "image/png")}
         )
