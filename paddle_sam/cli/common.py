@@ -59,7 +59,7 @@ def load_model(args: argparse.Namespace) -> Any:
     notice)."""
     from ..loading import load_model as load
 
-    return load(_sam_v1_source(args), model_type=args.model_type)
+    return load(sam_v1_source(args), model_type=args.model_type)
 
 
 def image_predictor(args: argparse.Namespace, family: str, **options: Any) -> Any:
@@ -68,7 +68,7 @@ def image_predictor(args: argparse.Namespace, family: str, **options: Any) -> An
     from ..loading import load_image_predictor
 
     if family == "sam_v1":
-        return load_image_predictor(_sam_v1_source(args), model_type=args.model_type, **options)
+        return load_image_predictor(sam_v1_source(args), model_type=args.model_type, **options)
     return load_image_predictor(source_of(args, family), **options)
 
 
@@ -79,7 +79,7 @@ SAM3_INSTEAD = {
 }
 
 
-def _sam_v1_source(args: argparse.Namespace) -> Any:
+def sam_v1_source(args: argparse.Namespace) -> Any:
     command = getattr(args, "command", None)
     if args.model_type == "sam3":
         raise ValueError(

@@ -22,7 +22,6 @@ from ..serve.config import (
     TOKEN_ENV,
 )
 from .common import (
-    _sam_v1_source,
     add_model_args,
     add_precision_arg,
     check_one_source,
@@ -31,6 +30,7 @@ from .common import (
     family,
     parse_confidence_threshold,
     positive,
+    sam_v1_source,
     source_of,
 )
 
@@ -317,7 +317,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         from ..loading import load_image_predictor
 
-        source = _sam_v1_source(args)
+        source = sam_v1_source(args)
         model = load_image_predictor(source, model_type=args.model_type)
     common = {
         "model_type": args.model_type,

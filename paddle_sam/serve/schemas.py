@@ -9,7 +9,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 from .config import MAX_JSON_BYTES
+
+_GEN = generator_defaults()
 
 # -- request bodies ----------------------------------------------------------------------
 
@@ -49,15 +52,18 @@ class PromptRequest(BaseModel):
 
 
 class EverythingRequest(BaseModel):
+    """Generator options; what a request leaves out is the loaded model's default (upstream's,
+    lowered for the bundled model), the defaults shown here are upstream's."""
+
     model_config = ConfigDict(extra="forbid")
 
-    points_per_side: int = Field(default=32, ge=1, le=64)
-    points_per_batch: int = Field(default=64, ge=1, le=256)
-    pred_iou_thresh: float = Field(default=0.88, ge=0.0, le=1.0)
-    stability_score_thresh: float = Field(default=0.95, ge=0.0, le=1.0)
-    box_nms_thresh: float = Field(default=0.7, ge=0.0, le=1.0)
-    crop_n_layers: int = Field(default=0, ge=0, le=2)
-    min_mask_region_area: int = Field(default=0, ge=0)
+    points_per_side: int = Field(default=_GEN["points_per_side"], ge=1, le=64)
+    points_per_batch: int = Field(default=_GEN["points_per_batch"], ge=1, le=256)
+    pred_iou_thresh: float = Field(default=_GEN["pred_iou_thresh"], ge=0.0, le=1.0)
+    stability_score_thresh: float = Field(default=_GEN["stability_score_thresh"], ge=0.0, le=1.0)
+    box_nms_thresh: float = Field(default=_GEN["box_nms_thresh"], ge=0.0, le=1.0)
+    crop_n_layers: int = Field(default=_GEN["crop_n_layers"], ge=0, le=2)
+    min_mask_region_area: int = Field(default=_GEN["min_mask_region_area"], ge=0)
 
 
 class RleMask(BaseModel):
