@@ -197,6 +197,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     dataset = open_dataset(spec, skips)
     sam = load_model(args)
     result = evaluate(sam, dataset, args.num_images, progress=not args.quiet)
+    if not result["images"]:  # every image skipped: no figure, rather than NaN ones
+        raise ValueError(f"no usable image to evaluate ({skips.summary()})")
     result["skipped"] = skips.summary()
     result["checkpoint"] = str(args.checkpoint) if args.checkpoint else "default synthetic model"
     print(

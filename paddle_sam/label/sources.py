@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..predict.io import IMAGE_SUFFIXES
+from ..predict.io import IMAGE_SUFFIXES, OutsideRootError, resolve_under
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,9 @@ def list_images(source: str | os.PathLike, image_root: str | os.PathLike | None 
     - a folder: every file with an image ending below it (:data:`IMAGE_SUFFIXES`), sorted by
       relative path; ``file_name`` is that relative path;
     - a ``.json`` file: COCO, its ``images`` (``id``, ``file_name``) read relative to
-      ``image_root`` (default: the JSON's folder);
+      ``image_root`` (default: the JSON's folder); a ``file_name`` that is absolute, holds
+      ``..`` or leads out of that folder through a symlink is refused (a COCO file often comes
+      from elsewhere; the message does not tell whether a file exists out there);
     - a ``.txt`` file: one path per line (blank lines and ``#`` comments skipped), relative to
       ``image_root`` (default: the text file's folder);
     - anything else: a glob pattern (``**`` recursive), sorted.
@@ -92,5 +94,9 @@ def _coco_images(path: Path, root: Path) -> list[ImageItem]:
         if img["id"] in seen:
             raise ValueError(f"{path}: images[{k}] repeats id {img['id']}")
         seen.add(img["id"])
-        items.append(ImageItem(img["id"], img["file_name"], str(root / img["file_name"])))
+        try:
+            image_path = resolve_under(root, img["file_name"])
+        except OutsideRootError as exc:
+            raise ValueError(f"{path}: images[{k}]: {exc}") from None
+        items.append(ImageItem(img["id"], img["file_name"], str(image_path)))
     return items

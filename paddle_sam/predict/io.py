@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -25,8 +27,11 @@ class ImageTooLargeError(ValueError):
     """An image whose pixel count is above the allowed limit (decompression bombs included)."""
 
 
-def load_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.ndarray:
-    """Read an image file as H x W x 3 uint8 RGB, honouring EXIF orientation.
+def load_image(
+    path: str | os.PathLike, max_pixels: int | None = None, *, orient: bool = True
+) -> np.ndarray:
+    """Read an image file as H x W x 3 uint8 RGB, honouring EXIF orientation (unless
+    ``orient`` is false: dataset annotations are drawn on the stored pixels).
 
     Only the formats of :data:`IMAGE_FORMATS` are read. Grayscale, palette and CMYK images
     are converted to RGB; RGBA loses its alpha channel (a warning says so); 16-bit images,
@@ -36,18 +41,17 @@ def load_image(path: str | os.PathLike, max_pixels: int | None = None) -> np.nda
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
-    return decode_image(path, str(path), max_pixels)
+    return decode_image(path, str(path), max_pixels, orient=orient)
 
 
-def decode_image(
-    source: str | os.PathLike | BinaryIO, name: str = "image", max_pixels: int | None = None
-) -> np.ndarray:
-    """:func:`load_image` for a path or an open binary file (e.g. an upload in memory).
-
-    ``name`` starts every error and warning message. Raises :class:`ImageTooLargeError` over
-    ``max_pixels`` and ``ValueError`` for anything that is not a readable image, a format
-    outside :data:`IMAGE_FORMATS` included (named when Pillow knows it).
-    """
+@contextlib.contextmanager
+def _checked_image(
+    source: str | os.PathLike | BinaryIO, name: str, max_pixels: int | None
+) -> Iterator[Image.Image]:
+    """The one way an image file is opened: Pillow's opener restricted to
+    :data:`IMAGE_FORMATS`, the pixel count checked from the header before any pixel is
+    decoded. Errors from the block (decoding a damaged file) are mapped like those of the
+    opening: :class:`ImageTooLargeError` or ``ValueError``, each starting with ``name``."""
     if max_pixels is None:
         max_pixels = MAX_IMAGE_PIXELS
     start = _position(source)
@@ -61,9 +65,7 @@ def decode_image(
                         f"{name}: {im.width}x{im.height} pixels is above the limit of "
                         f"{max_pixels} pixels"
                     )
-                wide = _16bit_colour(im)  # the tiles say so before loading, not after
-                im.load()
-                im = ImageOps.exif_transpose(im)
+                yield im
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(f"{name}: image too large ({exc})") from exc
     except UnidentifiedImageError as exc:
@@ -77,6 +79,50 @@ def decode_image(
         ) from exc
     except OSError as exc:  # truncated or damaged files
         raise ValueError(f"{name}: damaged or truncated image ({exc})") from exc
+
+
+def image_size(
+    source: str | os.PathLike | BinaryIO, name: str = "image", max_pixels: int | None = None
+) -> tuple[int, int]:
+    """``(width, height)`` of an image file from its header alone (no pixel decoded), with the
+    checks of :func:`decode_image`: the format allow-list and ``max_pixels``."""
+    with _checked_image(source, name, max_pixels) as im:
+        return im.size
+
+
+def open_image(
+    source: str | os.PathLike | BinaryIO,
+    name: str = "image",
+    max_pixels: int | None = None,
+    *,
+    orient: bool = True,
+) -> Image.Image:
+    """The decoded Pillow image of ``source`` (its own mode, pixels loaded), with the checks
+    of :func:`decode_image`; EXIF orientation applied if ``orient``. For readers that need
+    another conversion than RGB (a dataset's mask PNGs)."""
+    with _checked_image(source, name, max_pixels) as im:
+        im.load()
+        return ImageOps.exif_transpose(im) if orient else im
+
+
+def decode_image(
+    source: str | os.PathLike | BinaryIO,
+    name: str = "image",
+    max_pixels: int | None = None,
+    *,
+    orient: bool = True,
+) -> np.ndarray:
+    """:func:`load_image` for a path or an open binary file (e.g. an upload in memory).
+
+    ``name`` starts every error and warning message. Raises :class:`ImageTooLargeError` over
+    ``max_pixels`` and ``ValueError`` for anything that is not a readable image, a format
+    outside :data:`IMAGE_FORMATS` included (named when Pillow knows it).
+    """
+    with _checked_image(source, name, max_pixels) as im:
+        wide = _16bit_colour(im)  # the tiles say so before loading, not after
+        im.load()
+        if orient:
+            im = ImageOps.exif_transpose(im)
     if im.mode in ("I;16", "I;16B", "I;16L", "I"):
         arr = np.asarray(im).astype(np.float64)
         top = 65535.0 if arr.max(initial=0) > 255 or im.mode.startswith("I;16") else 255.0
@@ -91,6 +137,41 @@ def decode_image(
     if im.mode == "F":
         raise ValueError(f"{name}: floating-point images are not supported; save it as 8-bit")
     return np.asarray(im.convert("RGB"))
+
+
+class OutsideRootError(ValueError):
+    """A dataset's file name that is not a file inside its image folder."""
+
+
+def resolve_under(root: str | os.PathLike, file_name: str) -> Path:
+    """``root / file_name`` for a file name read from a dataset (a COCO ``file_name``), once it
+    is known to stay inside ``root``; else :class:`OutsideRootError`.
+
+    Refused: absolute names, any ``..`` component, and names that lead out of ``root`` through
+    a symlink inside it (symlinks are resolved; ``root`` itself may be a symlink). The decision
+    is made from the name and the links inside ``root`` only, and the message is the same
+    whether or not a file exists at the place the name points to, so a dataset file cannot be
+    used to probe the disk."""
+    root = Path(root)
+    refused = OutsideRootError(
+        f"file_name {file_name!r} is not a file name inside the image folder {root} "
+        "(absolute names, '..' and symlinks leading out of it are refused)"
+    )
+    if not isinstance(file_name, str) or "\x00" in file_name:
+        raise refused
+    parts = PurePosixPath(file_name).parts
+    if not parts or PurePosixPath(file_name).is_absolute() or ".." in parts:
+        raise refused
+    top = Path(os.path.realpath(root))
+    # realpath without strict: no error for a missing file, and nothing beyond lstat per
+    # component; a loop or an unreadable link ends up outside ``top`` or raises
+    try:
+        real = Path(os.path.realpath(root / file_name))
+    except (OSError, ValueError, RuntimeError):
+        raise refused from None
+    if real == top or not real.is_relative_to(top):
+        raise refused
+    return root / file_name
 
 
 def _16bit_colour(im: Image.Image) -> bool:

@@ -1,6 +1,7 @@
 """What the dataset readers of both families share: :class:`SkipLog` (bad entries are skipped,
-never fatal, and counted with a few named examples), the RGB image reader and the COCO
-segmentation decoder (polygons, RLE or uncompressed RLE)."""
+never fatal, and counted with a few named examples), the image and mask readers (the package's
+one decoder: its format allow-list and pixel limit) and the COCO segmentation decoder
+(polygons, RLE or uncompressed RLE)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from ..predict.io import decode_coco_rle
+from ..predict.io import decode_coco_rle, load_image, open_image
 
 
 @dataclass
@@ -40,9 +40,28 @@ class SkipLog:
 
 
 def read_rgb(path: Path) -> np.ndarray:
-    with Image.open(path) as im:
-        im.load()
-        return np.asarray(im.convert("RGB"))
+    """A dataset image as H x W x 3 uint8 RGB through :func:`~paddle_sam.predict.io.load_image`:
+    only its formats (no EPS reaching Ghostscript), at most ``MAX_IMAGE_PIXELS`` (checked
+    from the header, before decoding); raises ``ValueError`` / ``FileNotFoundError`` naming
+    the file. The stored pixels, as the annotations see them: no EXIF rotation. Its notes
+    (alpha dropped, 16-bit scaled) are not repeated for every image of a dataset."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return load_image(path, orient=False)
+
+
+def unreadable(path: Path, exc: Exception) -> str:
+    """A skip note for a file the readers refused: the reader's message, which names the file,
+    or Pillow's own (some damaged files raise other errors than ``OSError``) after the path."""
+    text = str(exc)
+    return text if str(path) in text else f"{path}: {text}"
+
+
+def read_mask(path: Path) -> np.ndarray:
+    """A dataset's instance mask PNG as H x W bool (> 0 inside, after conversion to 8-bit
+    grayscale), read like :func:`read_rgb`."""
+    im = open_image(path, str(path), orient=False)
+    return np.asarray(im.convert("L")) > 0
 
 
 def decode_segmentation(seg, h: int, w: int, where: str, skips: SkipLog) -> np.ndarray | None:

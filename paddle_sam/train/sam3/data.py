@@ -17,10 +17,13 @@ clamped to the image; an annotation without a bbox gets its mask's extent. Masks
 polygons, RLE or uncompressed RLE. Bad entries never stop a run; they are counted in a
 :class:`~paddle_sam.train.data.SkipLog` (``dataset.skips``) with a few named examples:
 malformed / degenerate / outside-the-image boxes, unknown category ids, annotations of unknown
-images, undecodable segmentations, image entries without a file. An annotation whose box is
-good but whose segmentation is bad keeps its box and gets no mask (``is_valid_mask`` False); a
-category that lost some of its annotations on an image makes a non-exhaustive query there
-(``is_exhaustive`` False), one that lost all of them is neither a positive nor a negative there.
+images, undecodable segmentations, image entries without a file or whose ``file_name`` leads
+out of the image folder (absolute, ``..``, a symlink out of it), images the package's decoder
+refuses (formats outside its allow-list, more pixels than its limit: checked from the header).
+An annotation whose box is good but whose segmentation is bad keeps its box and gets no mask
+(``is_valid_mask`` False); a category that lost some of its annotations on an image makes a
+non-exhaustive query there (``is_exhaustive`` False), one that lost all of them is neither a
+positive nor a negative there.
 A file that is not COCO JSON at all raises ``ValueError`` naming the file and the problem.
 
 **Preprocessing** (upstream's ``RandomResizeAPI`` / ``PadToSizeAPI`` / ``ToTensorAPI`` /
@@ -60,8 +63,8 @@ from PIL import Image
 
 from ...models.sam3.geometry_encoders import Prompt
 from ...models.sam3.sam3_image import FindStage
-from ...predict.io import decode_coco_rle
-from ..data import SkipLog, decode_segmentation, read_rgb
+from ...predict.io import OutsideRootError, decode_coco_rle, image_size, resolve_under
+from ..data import SkipLog, decode_segmentation, read_rgb, unreadable
 from .sam3_loss import make_find_targets
 
 __all__ = [
@@ -411,17 +414,20 @@ class ConceptDataset:
                 self.records.append(record)
 
     def _image_record(self, info: dict, anns: list[dict]) -> _ImageRecord | None:
-        path = self.image_dir / info["file_name"]
+        try:
+            path = resolve_under(self.image_dir, info["file_name"])
+        except OutsideRootError as exc:
+            self.skips.add("file_name outside the image folder", f"{self.ann_path.name}: {exc}")
+            return None
         if not path.is_file():
             self.skips.add("missing image file", str(path))
             return None
         w, h = info.get("width"), info.get("height")
         if not (isinstance(w, int) and isinstance(h, int) and w > 0 and h > 0):
             try:
-                with Image.open(path) as im:
-                    w, h = im.size
+                w, h = image_size(path, str(path))  # the header only
             except Exception as exc:  # PIL raises many types for damaged files
-                self.skips.add("unreadable image", f"{path}: {exc}")
+                self.skips.add("unreadable image", unreadable(path, exc))
                 return None
         by_cat: dict[int, list[_Object]] = {c: [] for c in self.categories}
         lossy: set[int] = set()
@@ -567,7 +573,7 @@ class ConceptDataset:
         try:
             rgb = read_rgb(path)
         except Exception as exc:  # PIL raises many types for damaged files
-            self.skips.add("unreadable image", f"{path}: {exc}")
+            self.skips.add("unreadable image", unreadable(path, exc))
             self._bad.add(image_index)
             raise _Unreadable from None
         side, left, top = self._geometry(image_index)
@@ -601,7 +607,7 @@ class ConceptDataset:
                 except _Unreadable:
                     pass
             index = (index + 1) % len(self)
-        raise RuntimeError(f"no readable image in {self.ann_path} ({self.skips.summary()})")
+        raise ValueError(f"no readable image in {self.ann_path} ({self.skips.summary()})")
 
     def _sample(self, image_index: int, slot: int) -> ConceptSample:
         rec = self.records[image_index]

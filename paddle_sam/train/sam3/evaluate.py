@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...predict.io import coco_rle, load_image
+from ...predict.io import coco_rle, load_image, resolve_under
 from ...predict.sam_v1.amg_utils import box_xyxy_to_xywh
 
 # detections kept for AP: low, as COCO evaluation ranks them by score (a high threshold only
@@ -128,7 +128,7 @@ def evaluate_concepts(
     detections: list[dict] = []
     for image_id in tqdm(image_ids, desc="eval", disable=not progress):
         info = gt.imgs[image_id]
-        predictor.set_image(load_image(root / info["file_name"]))
+        predictor.set_image(load_image(resolve_under(root, info["file_name"])))
         for cat_id, name in cats.items():
             found = predictor.ground(name)
             for m, s, b in zip(found.masks, found.scores, found.boxes, strict=True):

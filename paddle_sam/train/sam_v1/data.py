@@ -2,10 +2,11 @@
 and procedural synthetic scenes.
 
 Every dataset yields ``(image, masks)``: an H x W x 3 uint8 RGB array and a list of H x W bool
-instance masks. Bad entries are skipped, never fatal: an unreadable image, an empty
-annotation, a polygon outside the image or a mask of the wrong size is counted in
-:class:`~paddle_sam.train.data.SkipLog` (with the first few examples named) and reported at
-the end of a run.
+instance masks. Bad entries are skipped, never fatal: an unreadable image (a format outside
+the allow-list or above the pixel limit included), a ``file_name`` that leads out of the image
+folder, an empty annotation, a polygon outside the image or a mask of the wrong size is
+counted in :class:`~paddle_sam.train.data.SkipLog` (with the first few examples named) and
+reported at the end of a run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from ...predict.io import IMAGE_SUFFIXES
-from ..data import SkipLog, decode_segmentation, read_rgb
+from ...predict.io import IMAGE_SUFFIXES, OutsideRootError, resolve_under
+from ..data import SkipLog, decode_segmentation, read_mask, read_rgb, unreadable
 from ..synthetic import synthetic_scene
 
 FORMATS = ("coco", "sa1b", "folder", "synthetic")
@@ -50,8 +50,8 @@ class SegmentationDataset:
         path, payload = self.records[index]
         try:
             image = read_rgb(path)
-        except Exception as exc:  # PIL raises many types for damaged files
-            self.skips.add("unreadable image", f"{path}: {exc}")
+        except Exception as exc:  # missing, damaged (PIL raises many types), refused
+            self.skips.add("unreadable image", unreadable(path, exc))
             return None
         masks = self._masks(path, payload, image.shape[0], image.shape[1])
         if not masks:
@@ -61,6 +61,15 @@ class SegmentationDataset:
 
     def _masks(self, path, payload, h: int, w: int) -> list[np.ndarray]:
         raise NotImplementedError
+
+    def _path(self, root: Path, file_name, where: str) -> Path | None:
+        """``root / file_name`` of an annotation file's entry, or None (skipped) when the name
+        leads out of ``root`` (see :func:`~paddle_sam.predict.io.resolve_under`)."""
+        try:
+            return resolve_under(root, str(file_name))
+        except OutsideRootError as exc:
+            self.skips.add("file_name outside the image folder", f"{where}: {exc}")
+            return None
 
 
 class _AnnotatedDataset(SegmentationDataset):
@@ -111,7 +120,9 @@ class CocoDataset(_AnnotatedDataset):
             by_image.setdefault(a.get("image_id"), []).append(a)
         for info in doc["images"]:
             anns = by_image.get(info.get("id"), [])
-            path = image_dir / str(info.get("file_name"))
+            path = self._path(image_dir, info.get("file_name"), f"{ann_path.name}: image")
+            if path is None:
+                continue
             if not anns:
                 self.skips.add("image without annotations", str(path))
                 continue
@@ -133,7 +144,9 @@ class SA1BDataset(_AnnotatedDataset):
                 self.skips.add("invalid annotation JSON", f"{js}: {exc}")
                 continue
             info, anns = doc.get("image") or {}, doc.get("annotations") or []
-            path = self.root / str(info.get("file_name", js.stem + ".jpg"))
+            path = self._path(self.root, info.get("file_name", js.stem + ".jpg"), js.name)
+            if path is None:
+                continue
             if not anns:
                 self.skips.add("image without annotations", str(path))
                 continue
@@ -166,10 +179,9 @@ class MaskFolderDataset(SegmentationDataset):
         out = []
         for p in mask_paths:
             try:
-                with Image.open(p) as im:
-                    m = np.asarray(im.convert("L")) > 0
-            except Exception as exc:
-                self.skips.add("unreadable mask", f"{p}: {exc}")
+                m = read_mask(p)
+            except Exception as exc:  # damaged (PIL raises many types), refused
+                self.skips.add("unreadable mask", unreadable(p, exc))
                 continue
             if m.shape != (h, w):
                 self.skips.add("mask size differs from the image", f"{p}: {m.shape} vs {(h, w)}")
