@@ -20,7 +20,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise IsADirectoryError(f"output {dst} is a folder; give a .pdparams file name")
     check_out_folder(dst.parent, f"output {dst}: folder")
     names = [dst.name, sidecar_path(dst).name]
-    check_targets(dst.parent, names, replace=args.overwrite)
+    check_targets(dst.parent, names, replace=True)  # a user's file; paddle-sam's: convert's
     t = time.perf_counter()
     meta = convert_checkpoint(
         args.src, args.dst, args.model_type, overwrite=args.overwrite, progress=not args.quiet

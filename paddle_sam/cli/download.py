@@ -30,7 +30,8 @@ def cmd_download(args: argparse.Namespace) -> int:
     converted = dest.with_suffix(".pdparams")
     part = dest.with_name(dest.name + ".part")  # a download resumes from it
     written = [] if args.no_convert else [converted.name, converted.name + ".json"]
-    check_targets(out, written, replace=args.overwrite)
+    check_targets(out, written, replace=True)  # a user's file: refused, whatever the flags
+    check_targets(out, written[:1], replace=args.overwrite)  # paddle-sam's: --overwrite
     if dest.exists():
         digest = sha256_of(dest)
         if digest == weights.sha256:  # read, not written: whoever put it there
