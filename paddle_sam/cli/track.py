@@ -146,7 +146,8 @@ def _writer(args: argparse.Namespace, out: Path, frames: Any, category: str = "o
     from ..predict.outputs import claim
     from ..predict.track_outputs import TrackWriter
 
-    claim(out, OUTPUTS, "track")
+    skipped = {"overlay.mp4": args.no_video, "masks": args.no_pngs}
+    claim(out, [n for n in OUTPUTS if not skipped.get(n)], "track")
     return TrackWriter(
         out,
         frames.height,
