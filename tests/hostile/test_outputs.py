@@ -277,7 +277,9 @@ def test_a_link_is_never_written_through(images, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "text", ["[1, 2]", "{not json", '{"files": {"mask.png": 3}}', "[" * 100_000]
+    "text",
+    ["[1, 2]", "{not json", '{"files": {"mask.png": 3}}', "[" * 100_000],
+    ids=["list", "truncated", "wrong type", "nested too deeply"],
 )
 def test_an_unreadable_record_is_named(images, tmp_path, capsys, text):
     out = tmp_path / "out"
