@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..models.sam_v1.build_sam import SAM_SPECS
+from ..predict.outputs import check_targets
 
 # -- models ------------------------------------------------------------------------------
 
@@ -385,25 +386,24 @@ def _check_out_folder(folder: Path, what: str) -> None:
 
 
 def check_out_file(path: str | os.PathLike, overwrite: bool, what: str = "output") -> None:
-    """A file to write: its folder as :func:`check_out_folder`, and no existing file
-    replaced without ``overwrite``."""
+    """A file to write: its folder as :func:`check_out_folder`, and the file as
+    :func:`check_targets` (a user's file never replaced, paddle-sam's only with
+    ``overwrite``); the command claims it (:func:`paddle_sam.predict.outputs.claim`) before
+    writing."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{what} {path} is a folder, not a file")
     check_out_folder(path.parent, f"{what} {path}: folder")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass --overwrite to replace it")
+    check_targets(path.parent, [path.name], replace=overwrite)
 
 
 def prepare_out(out: Path, names: list[str], overwrite: bool) -> None:
-    """Refuse to replace existing outputs, and a folder that cannot be made or written to
-    (:func:`check_out_folder`); the folder itself is made when writing."""
+    """A folder to write ``names`` into: one that cannot be made or written to is refused
+    (:func:`check_out_folder`), and so is a name that would replace a user's file, or, without
+    ``overwrite``, paddle-sam's (:func:`check_targets`). Nothing is written: the command
+    claims the names (:func:`paddle_sam.predict.outputs.claim`) when it starts writing."""
     check_out_folder(out)
-    clash = [n for n in names if (out / n).exists()]
-    if clash and not overwrite:
-        raise FileExistsError(
-            f"{out} already has {', '.join(clash)}; pass --overwrite to replace them"
-        )
+    check_targets(out, names, replace=overwrite)
 
 
 def write_masks(out: Path, masks: Iterable[np.ndarray]) -> None:

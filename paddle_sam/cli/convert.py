@@ -7,20 +7,25 @@ import time
 from pathlib import Path
 
 from ..models.sam_v1.build_sam import SAM_SPECS
-from .common import check_out_folder, parse_seed
+from ..predict.outputs import check_targets, claim
+from .common import check_out_file, check_out_folder, parse_seed
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from ..convert.checkpoint import convert_checkpoint
+    from ..convert.core import sidecar_path
 
     dst = Path(args.dst)
     if dst.is_dir():
         raise IsADirectoryError(f"output {dst} is a folder; give a .pdparams file name")
     check_out_folder(dst.parent, f"output {dst}: folder")
+    names = [dst.name, sidecar_path(dst).name]
+    check_targets(dst.parent, names, replace=True)  # a user's file; paddle-sam's: convert's
     t = time.perf_counter()
     meta = convert_checkpoint(
         args.src, args.dst, args.model_type, overwrite=args.overwrite, progress=not args.quiet
     )
+    claim(dst.parent, names, "convert")  # written atomically: complete, or not at all
     print(
         f"converted {args.src} ({meta['model_type']}, {meta['source']['layout']} layout) -> "
         f"{args.dst} in {time.perf_counter() - t:.1f}s; sidecar {args.dst}.json"
@@ -34,12 +39,10 @@ def cmd_random_checkpoint(args: argparse.Namespace) -> int:
     from ..convert.sam_v1 import random_official_state_dict
 
     dst = Path(args.output)
-    if dst.exists() and not args.overwrite:
-        raise FileExistsError(f"{dst} exists; pass --overwrite to replace it")
     if dst.suffix != ".safetensors":
         raise ValueError(f"output must end in .safetensors: {dst}")
-    check_out_folder(dst.parent, f"output {dst}: folder")
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    check_out_file(dst, args.overwrite)
+    claim(dst.parent, [dst.name], "random-checkpoint")
     save_file(random_official_state_dict(SAM_SPECS[args.model_type], args.seed), str(dst))
     print(f"random {args.model_type} weights (official layout, NOT a trained model) -> {dst}")
     return 0

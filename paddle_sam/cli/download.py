@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from ..loading.registry import FAMILIES
 from ..loading.weights import WEIGHTS, DownloadError, fetch, find, hub_token, sha256_of
+from ..predict.outputs import check_targets, claim, foreign
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -26,20 +28,33 @@ def cmd_download(args: argparse.Namespace) -> int:
         raise NotADirectoryError(f"--output-dir {out} is not a folder")
     dest = out / weights.file
     converted = dest.with_suffix(".pdparams")
-    if not args.no_convert and converted.exists() and not args.overwrite:
-        raise FileExistsError(f"{converted} exists; pass --overwrite to replace it")
-    out.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")  # a download resumes from it
+    written = [] if args.no_convert else [converted.name, converted.name + ".json"]
+    check_targets(out, written, replace=True)  # a user's file: refused, whatever the flags
+    check_targets(out, written[:1], replace=args.overwrite)  # paddle-sam's: --overwrite
     if dest.exists():
         digest = sha256_of(dest)
-        if digest == weights.sha256:
+        if digest == weights.sha256:  # read, not written: whoever put it there
             print(f"{dest} is already here and verified (sha256 {digest[:12]}...)")
-        elif not args.overwrite:
-            raise FileExistsError(
-                f"{dest} exists and is not the official file (sha256 {digest[:12]}..., "
-                f"expected {weights.sha256[:12]}...); pass --overwrite to download it again"
-            )
         else:
+            wrong = (
+                f"{dest} exists and is not the official file (sha256 {digest[:12]}..., "
+                f"expected {weights.sha256[:12]}...)"
+            )
+            if foreign(out, [dest.name]):
+                raise FileExistsError(
+                    f"{wrong}; paddle-sam did not write it, so it is never replaced, even with "
+                    "--overwrite: move it away or download elsewhere (-o)"
+                )
+            if not args.overwrite:
+                raise FileExistsError(f"{wrong}; pass --overwrite to download it again")
             dest.unlink()
+    elif os.path.lexists(dest):  # a dangling link: never written through
+        check_targets(out, [dest.name])
+    fetched = [] if dest.exists() else [dest.name, part.name]
+    check_targets(out, fetched[1:], replace=True)  # ours: resumed
+    if written or fetched:
+        claim(out, [*written, *fetched], "download")
     if not dest.exists():
         token = (args.token or hub_token()) if weights.token_host else None
         t = time.perf_counter()

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..predict.outputs import claim
 from .common import (
     add_model_args,
     add_precision_arg,
@@ -30,6 +31,7 @@ MAX_POINTS_PER_SIDE = 128
 MAX_POINTS_PER_BATCH = 4096
 MAX_CROP_N_LAYERS = 4
 MAX_REGION_AREA = 100_000_000  # the image pixel limit (predict.io.MAX_IMAGE_PIXELS)
+OUTPUTS = ["overlay.png", "annotations.json", "masks"]
 
 
 def cmd_everything(args: argparse.Namespace) -> int:
@@ -50,7 +52,7 @@ def cmd_everything(args: argparse.Namespace) -> int:
             )
     image = read_image(args.image, args.command)
     out = Path(args.output)
-    prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
+    prepare_out(out, OUTPUTS, args.overwrite)
     if args.exported is None:
         model = load_model(args)
     options, note = generator_options(args)
@@ -58,6 +60,7 @@ def cmd_everything(args: argparse.Namespace) -> int:
         model, output_mode="binary_mask", progress=not args.quiet, **options
     )
     records = [r for r in generator.generate(image) if r["area"] > 0]  # COCO holds no empty
+    claim(out, OUTPUTS, "everything")
     write_masks(out, [r["segmentation"] for r in records])
     annotations = [
         coco_annotation(

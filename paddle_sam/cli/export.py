@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ..predict.outputs import check_targets, foreign
 from .common import (
     add_model_args,
     check_out_folder,
@@ -48,11 +49,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..export.sam_v1 import MANIFEST
     from ..loading import resolve
 
-    check_out_folder(args.output)  # before the (slow) model load
-    if (Path(args.output) / MANIFEST).exists() and not args.overwrite:
+    check_out_folder(args.output)  # before the (slow) model load; every file is checked
+    try:  # again by the export, which knows their names
+        check_targets(args.output, [MANIFEST], replace=args.overwrite)
+    except FileExistsError as exc:
+        if foreign(args.output, [MANIFEST]):
+            raise
         raise FileExistsError(
             f"{args.output} already holds an export ({MANIFEST}); pass --overwrite to replace it"
-        )
+        ) from exc
     if family(args) == "sam3":
         return _export_sam3(args)
     if args.fused_attention is not None:

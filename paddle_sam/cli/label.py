@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import bounded, check_one_source, positive, source_of
+from .common import bounded, check_one_source, check_out_folder, positive, source_of
 from .everything import add_generator_args, generator_options
 
 MAX_WORKERS = 256
@@ -39,6 +39,7 @@ def cmd_label(args: argparse.Namespace) -> int:
     if args.everything == bool(prompts):
         raise ValueError("give either --everything (SAM v1) or --text / --prompts (SAM 3)")
     check_one_source(args)
+    check_out_folder(args.output)
     for name in ("checkpoint", "exported"):
         value = getattr(args, name)
         if value is not None and not Path(value).exists():
@@ -183,7 +184,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="images per shard, the unit of work and of --resume (default: %(default)s)",
     )
     job.add_argument("--resume", action="store_true", help="continue the job in OUT")
-    job.add_argument("--overwrite", action="store_true", help="start the job in OUT again")
+    job.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start the job in OUT again (replaces paddle-sam's files there, never others)",
+    )
     job.add_argument("--image-root", default=None, help="where a COCO or .txt source's paths start")
     job.add_argument(
         "--max-pixels",

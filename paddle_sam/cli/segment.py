@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..loading.sam_v1 import DEFAULT_MODEL
+from ..predict.outputs import claim, remove_owned
 from .common import (
     add_model_args,
     add_precision_arg,
@@ -30,6 +31,8 @@ from .common import (
     source_of,
     write_masks,
 )
+
+SAM3_OUTPUTS = ["overlay.png", "annotations.json", "masks"]  # segment --text's files
 
 NO_SAM3_CHECKPOINT = (
     "no --checkpoint given: clicks with SAM 3 need its tracker's heads, which the bundled "
@@ -103,10 +106,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
     masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=multimask)
     t_decode = time.perf_counter() - t
     best = int(np.argmax(scores))
-    out.mkdir(parents=True, exist_ok=True)
+    claim(out, names, "segment")
     if args.overwrite and not multimask:  # an overwritten multimask run's masks would linger
-        for i in range(3):
-            (out / f"mask_{i}.png").unlink(missing_ok=True)
+        remove_owned(out, [f"mask_{i}.png" for i in range(3)])
     save_mask_png(masks[best], out / "mask.png")
     if multimask:
         for i, m in enumerate(masks):
@@ -177,7 +179,7 @@ def _segment_sam3(args: argparse.Namespace) -> int:
     image = read_image(args.image, args.command)
     check_prompts([], args.box + args.negative_box, image)
     out = Path(args.output)
-    prepare_out(out, ["overlay.png", "annotations.json", "masks"], args.overwrite)
+    prepare_out(out, SAM3_OUTPUTS, args.overwrite)
 
     t = time.perf_counter()
     if args.exported is not None:
@@ -202,6 +204,7 @@ def _segment_sam3(args: argparse.Namespace) -> int:
 
     kept = [i for i, m in enumerate(found.masks) if m.any()]  # COCO holds no empty mask
     masks, boxes, scores = found.masks[kept], found.boxes[kept], found.scores[kept]
+    claim(out, SAM3_OUTPUTS, "segment")
     write_masks(out, masks)
     annotations = [
         coco_annotation(

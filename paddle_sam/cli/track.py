@@ -88,8 +88,8 @@ def _group(prompts: list, num_frames: int, height: int, width: int) -> dict:
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
-    """Refuse to replace a previous run's outputs without --overwrite; with it, remove them
-    (the mask PNGs of objects the new run may not have)."""
+    """Refuse to replace a user's files, and a previous run's outputs without --overwrite;
+    with it, remove them (the mask PNGs of objects the new run may not have)."""
     prepare_out(out, list(OUTPUTS), overwrite)
     masks = out / "masks"
     if overwrite and masks.is_dir():
@@ -143,8 +143,11 @@ def _directions(
 
 
 def _writer(args: argparse.Namespace, out: Path, frames: Any, category: str = "object"):
+    from ..predict.outputs import claim
     from ..predict.track_outputs import TrackWriter
 
+    skipped = {"overlay.mp4": args.no_video, "masks": args.no_pngs}
+    claim(out, [n for n in OUTPUTS if not skipped.get(n)], "track")
     return TrackWriter(
         out,
         frames.height,

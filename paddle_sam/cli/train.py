@@ -181,7 +181,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if family(args) == "sam3":
         result = _eval_sam3(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+            _write_result(Path(args.json), result)
         return 0
     args.format = args.format or "folder"
     if args.confidence_threshold is not None:
@@ -207,8 +207,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"{result['miou_box']:.4f}; {result['skipped']}"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        _write_result(Path(args.json), result)
     return 0
+
+
+def _write_result(path: Path, result: dict) -> None:
+    """eval --json's file, recorded as paddle-sam's (checked before the evaluation)."""
+    from ..predict.outputs import claim
+
+    claim(path.parent, [path.name], "eval")
+    path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from ..models.sam_v1.sam import (  # noqa: F401 (decoder_formulation, few_tokens
     decoder_image_terms,
     few_tokens_max,
 )
+from ..predict.outputs import check_targets, claim
 
 EXPORT_FORMAT = "paddle-sam/sam_v1-static"
 # 2: the Paddle Inference decoder returns low-res logits; the runtime upscales what it keeps
@@ -267,13 +268,13 @@ def save_programs(sam: Sam, out: Path, *, upscale: bool, fast: bool = False) -> 
 
 
 def check_outputs(out: Path, files: list[str], overwrite: bool) -> None:
-    clash = [f for f in files if (out / f).exists()]
-    if clash and not overwrite:
-        raise FileExistsError(
-            f"{out} already has {', '.join(clash)}; pass overwrite=True (--overwrite)"
-        )
+    """paddle-sam's rule for outputs (:mod:`paddle_sam.predict.outputs`): a file paddle-sam
+    did not write is never replaced, one it wrote only with ``overwrite``; then the files are
+    recorded as the export's."""
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"output {out} exists and is not a folder")
+    check_targets(out, files, replace=overwrite, flag="overwrite=True (--overwrite)")
+    claim(out, files, "export")
 
 
 def write_manifest(

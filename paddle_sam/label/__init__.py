@@ -15,6 +15,7 @@ from typing import Any
 
 from .job import (
     COCO_FILE,
+    OUTPUTS,
     REPORT_FILE,
     WorkerDied,
     job_description,
@@ -22,6 +23,7 @@ from .job import (
     pending_shards,
     plan_shards,
     prepare_output,
+    read_shard,
     run_local,
 )
 from .labelers import EVERYTHING_DEFAULTS, LabelSpec
@@ -58,11 +60,17 @@ def label(
     if num_workers < 1 or shard_size < 1:
         raise ValueError("num_workers and shard_size must be at least 1")
     out = Path(out)
-    items = list_images(source, image_root)
+    try:
+        items = list_images(source, image_root)
+    except RecursionError:  # json's parser on a deeply nested COCO file
+        raise ValueError(f"{source}: not a readable JSON file (nested too deeply)") from None
+    _check_source_not_output(Path(source), out)
     description = job_description(spec, items, shard_size, max_pixels)
     prepare_output(out, description, resume, overwrite)
     shards = plan_shards(items, shard_size)
     todo = pending_shards(out, shards)
+    for i in sorted(set(range(len(shards))) - set(todo)):  # a resumed job's shards, checked
+        read_shard(out, i, shards[i])  # before any labelling, not after it
     done = len(items) - sum(len(shards[i]) for i in todo)
     bar = None
     if progress:
@@ -98,6 +106,20 @@ def label(
     report["resumed_shards"] = len(shards) - len(todo)
     report["shards"] = len(shards)
     return report
+
+
+def _check_source_not_output(source: Path, out: Path) -> None:
+    """A source file (a COCO .json, a .txt list) that the job would write over is refused,
+    whoever wrote it: the job reads it, and the user gave it."""
+    if not source.is_file():
+        return
+    for name in OUTPUTS:
+        target = out / name
+        if target.exists() and os.path.samefile(source, target):
+            raise ValueError(
+                f"the source {source} is where the job writes its {name} (in {out}): it would "
+                "be replaced; write the job to another folder (-o)"
+            )
 
 
 __all__ = [

@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..predict.outputs import check_targets, claim, remove_owned
 from .labelers import LabelSpec, build_labeler
 from .sources import ImageItem
 
@@ -32,6 +32,7 @@ SHARD_DIR = "shards"
 COCO_FILE = "annotations.json"
 REPORT_FILE = "report.json"
 JOB_FORMAT = 1
+OUTPUTS = (JOB_FILE, SHARD_DIR, COCO_FILE, REPORT_FILE)  # what a job writes into its folder
 
 
 class WorkerDied(RuntimeError):
@@ -64,33 +65,53 @@ def job_description(
 
 def prepare_output(out: Path, description: dict, resume: bool, overwrite: bool) -> None:
     """Start a job in ``out``, or continue the one there (``resume``: only when it is the
-    same job); never overwrite a job's results without ``overwrite``."""
+    same job). The job's files follow paddle-sam's one rule for outputs
+    (:mod:`paddle_sam.predict.outputs`): a file of that name paddle-sam did not write is never
+    replaced, whatever the flags; a job's results only with ``overwrite``."""
     job_file = out / JOB_FILE
-    if job_file.exists():
-        if overwrite:
-            for name in (JOB_FILE, COCO_FILE, REPORT_FILE):
-                (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / SHARD_DIR, ignore_errors=True)
-        elif resume:
-            try:
-                old = json.loads(job_file.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ValueError(f"{job_file}: not a readable job description ({exc})") from None
-            changed = [k for k in description if old.get(k) != description[k]]
-            if changed:
-                raise ValueError(
-                    f"{out} holds another job (different {', '.join(changed)}): --resume "
-                    "continues the same job only; use another folder or --overwrite"
-                )
-        else:
+    present = check_targets(out, OUTPUTS, replace=True)  # refuses the user's files only
+    if resume and overwrite:
+        raise ValueError("give --resume or --overwrite, not both")
+    if overwrite:
+        remove_owned(out, OUTPUTS)
+    elif JOB_FILE in present:
+        if not resume:
             raise FileExistsError(
                 f"{out} already holds a labelling job: --resume to continue it, --overwrite "
                 "to start again"
             )
-    elif resume and (out / SHARD_DIR).exists():
+        old = read_json(job_file, "job description")
+        if not isinstance(old, dict):
+            raise ValueError(
+                f"{job_file}: not a job description (a JSON object expected, got "
+                f"{type(old).__name__}); --overwrite starts the job again"
+            )
+        changed = [k for k in description if old.get(k) != description[k]]
+        if changed:
+            raise ValueError(
+                f"{out} holds another job (different {', '.join(changed)}): --resume "
+                "continues the same job only; use another folder or --overwrite"
+            )
+    elif resume and SHARD_DIR in present:
         raise ValueError(f"{out}: shards without {JOB_FILE}; use --overwrite to start again")
+    elif present:  # a job's results without its description: not resumable, not replaced
+        raise FileExistsError(
+            f"{out} already has {', '.join(present)} of an earlier labelling job; pass "
+            "--overwrite to replace them"
+        )
+    claim(out, OUTPUTS, "label")
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     _write_json(job_file, description)
+
+
+def read_json(path: Path, what: str) -> Any:
+    """The JSON document of a job's file; one ValueError naming the file when it is not one
+    (unreadable, truncated, not UTF-8, nested too deeply)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ValueError(f"{path}: not a readable {what} ({why})") from None
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -140,17 +161,72 @@ def write_shard(out: Path, result: dict[str, Any]) -> None:
     _write_json(out / SHARD_DIR / shard_name(result["shard"]), result)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+# a shard's lists: what each entry must hold (key, test, what it must be)
+_SHARD_ENTRIES = {
+    "images": (
+        ("id", _is_int, "an integer"),
+        ("file_name", lambda v: isinstance(v, str), "a string"),
+        ("width", _is_int, "an integer"),
+        ("height", _is_int, "an integer"),
+    ),
+    "annotations": (("image_id", _is_int, "an integer"),),
+    "skipped": (("id", _is_int, "an integer"),),
+}
+
+
+def read_shard(out: Path, index: int, items: list[ImageItem]) -> dict[str, Any]:
+    """Shard ``index``'s file, checked: its keys and their types, exactly the images of the
+    shard (``items``), annotations only of the images it labelled. One ValueError naming the
+    file (and the key) otherwise, saying how to redo the shard."""
+    path = out / SHARD_DIR / shard_name(index)
+    redo = "delete it to label its images again with --resume, or start again with --overwrite"
+    try:
+        doc = read_json(path, "shard")
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {redo}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a shard (a JSON object expected); {redo}")
+    for key in ("images", "annotations", "skipped"):
+        entries = doc.get(key)
+        if not isinstance(entries, list):
+            got = "missing" if key not in doc else f"a {type(entries).__name__}, not a list"
+            raise ValueError(f"{path}: '{key}' {got}; {redo}")
+        for k, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise ValueError(f"{path}: '{key}[{k}]' is not an object; {redo}")
+            for name, ok, what in _SHARD_ENTRIES[key]:
+                if not ok(entry.get(name)):
+                    raise ValueError(f"{path}: '{key}[{k}].{name}' must be {what}; {redo}")
+    if not _is_number(doc.get("seconds")):
+        raise ValueError(f"{path}: 'seconds' must be a number; {redo}")
+    expected = [it.id for it in items]
+    got = [im["id"] for im in doc["images"]] + [s["id"] for s in doc["skipped"]]
+    if sorted(got) != sorted(expected):
+        raise ValueError(f"{path} does not hold the images of shard {index}; {redo}")
+    labelled = {im["id"] for im in doc["images"]}
+    for k, ann in enumerate(doc["annotations"]):
+        if ann["image_id"] not in labelled:
+            raise ValueError(
+                f"{path}: 'annotations[{k}].image_id' {ann['image_id']} is not an image the "
+                f"shard labelled; {redo}"
+            )
+    return doc
+
+
 def merge(out: Path, spec: LabelSpec, shards: list[list[ImageItem]], seconds: float) -> dict:
     """Merge every shard (all must exist) into the COCO file and the report; returns the
     report. Annotation ids run from 1 in image order."""
     images, annotations, skipped, labelled_seconds = [], [], [], 0.0
     for i in range(len(shards)):
-        path = out / SHARD_DIR / shard_name(i)
-        doc = json.loads(path.read_text())
-        expected = [it.id for it in shards[i]]
-        got = [im["id"] for im in doc["images"]] + [s["id"] for s in doc["skipped"]]
-        if sorted(got) != sorted(expected):
-            raise ValueError(f"{path} does not hold the images of shard {i}: run with --overwrite")
+        doc = read_shard(out, i, shards[i])
         images += doc["images"]
         annotations += doc["annotations"]
         skipped += doc["skipped"]
@@ -261,6 +337,7 @@ def run_local(
 __all__ = [
     "COCO_FILE",
     "JOB_FILE",
+    "OUTPUTS",
     "REPORT_FILE",
     "SHARD_DIR",
     "WorkerDied",
@@ -270,5 +347,7 @@ __all__ = [
     "pending_shards",
     "plan_shards",
     "prepare_output",
+    "read_json",
+    "read_shard",
     "run_local",
 ]

@@ -212,27 +212,30 @@ class TrainerBase:
     # -- setup --
 
     def _prepare_run_dir(self, resume: bool, overwrite: bool, config_text: str | None) -> None:
+        """The run folder, by paddle-sam's rule for outputs (:mod:`paddle_sam.predict.outputs`):
+        a file of a run's name that paddle-sam did not write is never replaced; an earlier
+        run's files only with --resume (continued) or --overwrite (removed)."""
+        from ..predict.outputs import check_targets, claim, remove_owned
+
         out = self.out
         if resume and overwrite:
             raise ValueError("give --resume or --overwrite, not both")
         if self.rank == 0:
             # launch_logs/ is written by paddle.distributed.launch before we start
-            existing = out.is_dir() and any(p.name != "launch_logs" for p in out.iterdir())
+            if out.exists() and not out.is_dir():
+                raise FileExistsError(f"run folder {out} exists and is not a folder")
+            present = check_targets(out, RUN_FILES, replace=True)  # the user's files: refused
             if resume and not (out / "checkpoints").is_dir():
                 raise FileNotFoundError(f"--resume: no checkpoints in {out}/checkpoints")
-            if existing and not (resume or overwrite):
+            if present and not (resume or overwrite):
                 raise FileExistsError(
-                    f"run folder {out} is not empty; pass --resume to continue it or "
-                    "--overwrite to start again (removes its checkpoints, metrics and model)"
+                    f"run folder {out} holds a run ({', '.join(present)}); pass --resume to "
+                    "continue it or --overwrite to start again (removes its checkpoints, "
+                    "metrics and model)"
                 )
             if overwrite:
-                for name in RUN_FILES:
-                    p = out / name
-                    if p.is_dir():
-                        shutil.rmtree(p)
-                    elif p.exists():
-                        p.unlink()
-            out.mkdir(parents=True, exist_ok=True)
+                remove_owned(out, RUN_FILES)
+            claim(out, RUN_FILES, "train")
             if config_text is not None:
                 (out / "config.yaml").write_text(config_text)
         self._barrier()

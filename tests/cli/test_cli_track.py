@@ -121,7 +121,8 @@ def test_track_range_options(tmp_path, video, ckpt):
     assert tracked("--start-frame", "1", "--max-frames", "2") == [1, 2, 3]
     out = tmp_path / "nopng"
     assert run(track(video, out, ckpt, "--point", "0,30,30", "--no-pngs", "--no-video")) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".paddle-sam.json", "results.json"]
+    assert json.loads((out / ".paddle-sam.json").read_text())["files"] == {"results.json": "track"}
 
 
 def test_track_overwrite(tmp_path, video, ckpt, capsys):
