@@ -60,10 +60,7 @@ def label(
     if num_workers < 1 or shard_size < 1:
         raise ValueError("num_workers and shard_size must be at least 1")
     out = Path(out)
-    try:
-        items = list_images(source, image_root)
-    except RecursionError:  # json's parser on a deeply nested COCO file
-        raise ValueError(f"{source}: not a readable JSON file (nested too deeply)") from None
+    items = list_images(source, image_root)
     _check_source_not_output(Path(source), out)
     description = job_description(spec, items, shard_size, max_pixels)
     prepare_output(out, description, resume, overwrite)

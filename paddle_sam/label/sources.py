@@ -83,6 +83,8 @@ def _coco_images(path: Path, root: Path) -> list[ImageItem]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable JSON file ({exc})") from None
+    except RecursionError:  # json's parser on a deeply nested file
+        raise ValueError(f"{path}: not a readable JSON file (nested too deeply)") from None
     images = doc.get("images") if isinstance(doc, dict) else None
     if not isinstance(images, list):
         raise ValueError(f"{path}: a COCO file needs an 'images' list")
