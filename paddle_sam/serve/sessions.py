@@ -219,8 +219,9 @@ class SessionStore:
             return
         with self._lock:
             wanted = reservation.bytes + nbytes
+            # refused: what it holds stays held until its owner releases it (after removing
+            # the bytes it wrote)
             if wanted > self.budget_bytes:
-                self._release_locked(reservation)
                 raise SessionTooLarge(
                     f"this {reservation.noun} upload is more than {_mib(wanted)}, above the "
                     f"server's memory budget of {_mib(self.budget_bytes)} (its session keeps "
@@ -229,7 +230,6 @@ class SessionStore:
                 )
             if self.reserved_bytes + nbytes > self.budget_bytes:
                 held = self.reserved_bytes - reservation.bytes
-                self._release_locked(reservation)
                 raise UploadsBusy(
                     f"other uploads in flight hold {_mib(held)} of the server's memory budget "
                     f"of {_mib(self.budget_bytes)}; this {reservation.noun} upload needs "

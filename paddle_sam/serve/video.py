@@ -656,9 +656,10 @@ class VideoService:
             job.total,
         )
         t = time.perf_counter()
-        measured, unmeasured = 0.0, 0  # when the state was last measured, frames since
+        measured = 0.0  # when the inference state was last measured
         budget = self.store.budget_bytes
-        size0 = session.nbytes
+        size0 = size = session.nbytes
+        per_frame = 0.0  # the session's growth per frame so far
         status, error = "done", None
         try:
             while True:
@@ -670,11 +671,6 @@ class VideoService:
                         item = next(stream)
                     except StopIteration:
                         break
-                    # the inference state grows with every frame (features, memories):
-                    # measured a few times a second, while nothing changes it
-                    if time.perf_counter() - measured > 0.5:
-                        self._measure_locked(session)
-                        measured, unmeasured = time.perf_counter(), 0
                     # the frame's results and the progress count change with the frame, under
                     # the model lock: whoever holds it sees every frame read so far counted
                     objects = frame_objects(item["outputs"])
@@ -682,12 +678,18 @@ class VideoService:
                     session.set_frame(frame, objects)
                     job.done += 1
                     job.last_frame = frame
-                    unmeasured += 1
-                self.refresh(session)  # 413 when it passed the budget by itself: dropped
-                # stopped while the session still fits: the frames done are kept
-                size = session.nbytes
-                per_frame = max(size - size0, 0) / job.done
-                if job.done < job.total and size + per_frame * (unmeasured + 1) > budget:
+                    # the inference state grows with every frame (features, memories):
+                    # measured while nothing changes it, a few times a second, and on every
+                    # frame once the session nears the budget
+                    near = size + 4 * per_frame > budget
+                    if near or time.perf_counter() - measured > 0.5:
+                        self._measure_locked(session)
+                        measured = time.perf_counter()
+                    size = session.nbytes
+                    per_frame = max(size - size0, 0) / job.done
+                self.refresh(session)  # past the budget by itself: dropped (413)
+                if job.done < job.total and size + 2 * per_frame > budget:
+                    # stopped while the session still fits, the frames done kept
                     raise SessionTooLarge(
                         f"stopped after frame {frame} ({job.done} of {job.total} frames): the "
                         f"session holds {size / 2**20:.1f} MiB and the next frames would take "
