@@ -7,7 +7,10 @@ the predictor's session (SAM 3's inference state: frame features, tracker memori
 outputs) and the latest result of every frame (COCO RLE per object, with id, score and box).
 All of it counts against the service's memory budget: the inference state is measured after
 every model call (every array and tensor it holds, :func:`deep_nbytes`), the results and the
-frame cache by their bytes, the file by its size on disk.
+frame cache by their bytes, the file by its size on disk. An upload is checked and decoded
+(once, to count its frames; every limit on the frames themselves) outside the model lock;
+the predictor's session gets the frames opened. A session that passes the whole budget by
+itself is dropped, not the others; a propagation stops before it would.
 
 Requests follow ``Sam3VideoPredictor.handle_request`` (upstream sam3 0.1.4): a text or
 exemplar-box prompt starts over (every object is replaced by the detections on that frame);
