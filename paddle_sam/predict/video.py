@@ -10,6 +10,8 @@ cache of ``cache_frames`` RGB frames), whatever the length of the video.
 
 from __future__ import annotations
 
+import copy
+import io
 import operator
 import os
 import warnings
@@ -51,6 +53,23 @@ class FrameIndexError(VideoError, IndexError):
     """A frame index outside ``0 .. len - 1`` (negative indices included)."""
 
 
+class VideoTooLarge(VideoError):
+    """A video over one of :func:`open_video`'s limits. ``what``: ``"pixels"`` (frame
+    ``frame`` is ``size`` = ``(width, height)`` pixels, or more than ``limit`` pixels when its
+    size is unknown) or ``"frames"`` (more than ``limit`` frames)."""
+
+    def __init__(
+        self,
+        message: str,
+        what: str,
+        limit: int,
+        frame: int | None = None,
+        size: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.what, self.limit, self.frame, self.size = what, limit, frame, size
+
+
 Store = Callable[[int, np.ndarray], None]
 
 
@@ -66,12 +85,42 @@ def _check_size(value: Any, name: str) -> int:
     return size
 
 
-def _check_pixels(name: str, width: int, height: int) -> None:
-    limit = _image_io.MAX_IMAGE_PIXELS  # read at call time, as predict.io does
+def _check_pixels(
+    name: str, width: int, height: int, limit: int | None = None, frame: int | None = None
+) -> None:
+    if limit is None:
+        limit = _image_io.MAX_IMAGE_PIXELS  # read at call time, as predict.io does
     if width * height > limit:
-        raise VideoError(
-            f"{name}: {width}x{height} pixels is above the limit of {limit} pixels per frame"
+        where = name if frame is None else f"{name}: frame {frame}"
+        raise VideoTooLarge(
+            f"{where}: {width}x{height} pixels is above the limit of {limit} pixels per frame",
+            "pixels",
+            limit,
+            frame,
+            (width, height),
         )
+
+
+def _too_many(name: str, limit: int) -> VideoTooLarge:
+    return VideoTooLarge(
+        f"{name}: more than {limit} frames, above the limit of {limit} frames per video",
+        "frames",
+        limit,
+    )
+
+
+def _packet_image_size(packet: np.ndarray) -> tuple[int, int] | None:
+    """``(width, height)`` from the header of an encoded frame that is an image file (JPEG,
+    PNG, ...: :data:`IMAGE_FORMATS`), read without decoding its pixels; None for any other
+    codec's packet. PIL's decompression-bomb refusal is raised as it is."""
+    try:
+        with warnings.catch_warnings():
+            # the caller's limit is the one that applies, not PIL's lower warning threshold
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(packet.tobytes()), formats=IMAGE_FORMATS) as im:
+                return im.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return None
 
 
 def _check_rgb(frame: Any, name: str) -> np.ndarray:
@@ -160,16 +209,31 @@ class _Reader:
     def close(self) -> None:
         """Release what the reader holds open (nothing by default)."""
 
+    def copy(self) -> _Reader:
+        """A reader of the same frames with nothing open, its size and length as checked
+        (stateless readers are their own copy)."""
+        return self
+
 
 class _VideoFile(_Reader):
-    """A video file through ``cv2.VideoCapture``: one capture kept open between reads."""
+    """A video file through ``cv2.VideoCapture``: one capture kept open between reads.
 
-    def __init__(self, path: Path) -> None:
+    Opening checks the frames as they are, not as the container says: when the stream's
+    frames are images (MJPEG, PNG, ... in an AVI or MKV), every frame's size is read from its
+    own header before anything is decoded; then the video is decoded once to count its
+    frames, frame 0's decoded size checked. Either pass stops at the first frame over a
+    limit (``max_pixels`` per frame, ``max_frames``). OpenCV scales a frame whose decoded
+    size differs from the stream's to the stream's size without a word: the header pass is
+    what sees such frames.
+    """
+
+    def __init__(self, path: Path, max_pixels: int | None, max_frames: int | None) -> None:
         self.path = path
         self.name = str(path)
         self._cap: cv2.VideoCapture | None = None
         self._next = 0  # index of the frame the open capture returns next
         self._seek_ok = True
+        self._check_frame_headers(max_pixels, max_frames)
         # CAP_PROP_FRAME_COUNT comes from the container and is often wrong: decode it all once
         cap = self._open()
         try:
@@ -178,24 +242,75 @@ class _VideoFile(_Reader):
                 self.name,
                 int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
                 int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+                max_pixels,
             )
             ok, first = cap.read()
             if not ok or first is None:
                 raise VideoError(f"{self.name}: the video has no frames (none could be decoded)")
             self.height, self.width = first.shape[:2]
-            _check_pixels(self.name, self.width, self.height)
+            _check_pixels(self.name, self.width, self.height, max_pixels, 0)
             if first.ndim != 3 or first.shape[2] != 3:
                 raise VideoError(
                     f"{self.name}: frame 0 decodes to shape {first.shape}, not H x W x 3"
                 )
+            del first
             count = 1
             while cap.grab():
                 count += 1
+                if max_frames is not None and count > max_frames:
+                    raise _too_many(self.name, max_frames)
             fps = float(cap.get(cv2.CAP_PROP_FPS))
         finally:
             cap.release()
         self.length = count
         self.fps = fps if np.isfinite(fps) and fps > 0 else None
+
+    def _check_frame_headers(self, max_pixels: int | None, max_frames: int | None) -> None:
+        """When the stream's packets are image files, each one's size from its header (the
+        packets only demuxed, nothing decoded): over ``max_pixels``, of another size than
+        frame 0, or past ``max_frames`` packets, refused at the first. Other codecs: nothing
+        read past the first packet."""
+        cap = self._open()
+        try:
+            if not cap.set(cv2.CAP_PROP_FORMAT, -1):  # raw packets; a backend without: skip
+                return
+            first: tuple[int, int] | None = None
+            index = 0
+            while cap.grab():
+                ok, packet = cap.retrieve()
+                if not ok or packet is None:
+                    return
+                if packet.size == 0:  # an empty chunk (a dropped frame): nothing decoded
+                    continue
+                try:
+                    size = _packet_image_size(packet)
+                except Image.DecompressionBombError as exc:
+                    raise VideoTooLarge(
+                        f"{self.name}: frame {index} is too large ({exc})",
+                        "pixels",
+                        max_pixels or _image_io.MAX_IMAGE_PIXELS,
+                        index,
+                    ) from None
+                if size is None:
+                    if first is None:
+                        return  # not an image codec: the decoding pass checks what it can
+                    raise VideoError(
+                        f"{self.name}: frame {index} is not a readable image, but frame 0 is "
+                        "one: a damaged or crafted file"
+                    )
+                _check_pixels(self.name, *size, max_pixels, index)
+                if first is None:
+                    first = size
+                elif size != first:
+                    raise VideoError(
+                        f"{self.name}: frame {index} is {size[0]}x{size[1]}, but frame 0 is "
+                        f"{first[0]}x{first[1]}; all frames of a video must have one size"
+                    )
+                index += 1
+                if max_frames is not None and index > max_frames:
+                    raise _too_many(self.name, max_frames)
+        finally:
+            cap.release()
 
     def _open(self) -> cv2.VideoCapture:
         # FFmpeg by name: never the image-sequence backend, which reads "%d" in a path as a
@@ -269,6 +384,11 @@ class _VideoFile(_Reader):
             self._cap = None
         self._next = 0
 
+    def copy(self) -> _VideoFile:
+        twin = copy.copy(self)
+        twin._cap, twin._next, twin._seek_ok = None, 0, True
+        return twin
+
 
 def _sorted_frame_names(names: list[str]) -> list[str]:
     """Sorted by the integer value of the name's stem as upstream does (``0.jpg``, ``2.jpg``,
@@ -283,8 +403,9 @@ def _sorted_frame_names(names: list[str]) -> list[str]:
 class _FrameFolder(_Reader):
     """A folder of frame images, sorted as upstream sorts them; only headers read at open."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, max_pixels: int | None, max_frames: int | None) -> None:
         self.name = str(folder)
+        self.max_pixels = max_pixels
         try:
             names = [
                 entry.name
@@ -298,6 +419,8 @@ class _FrameFolder(_Reader):
                 f"{self.name}: no frames in the folder (extensions read: "
                 f"{', '.join(FRAME_EXTENSIONS)})"
             )
+        if max_frames is not None and len(names) > max_frames:
+            raise _too_many(self.name, max_frames)
         self.paths = [folder / name for name in _sorted_frame_names(names)]
         self.length = len(self.paths)
         first = self.paths[0]
@@ -324,7 +447,11 @@ class _FrameFolder(_Reader):
             ) from None
         except OSError as exc:
             raise VideoError(f"{path}: cannot read the image ({exc})") from exc
-        _check_pixels(str(path), im.width, im.height)
+        try:
+            _check_pixels(str(path), im.width, im.height, self.max_pixels)
+        except VideoError:
+            im.close()
+            raise
         return im
 
     def _header(self, path: Path) -> tuple[int, int]:
@@ -354,10 +481,14 @@ class _FrameFolder(_Reader):
 class _FrameList(_Reader):
     """Frames the caller holds (arrays or PIL images), kept as given."""
 
-    def __init__(self, frames: list | tuple) -> None:
+    def __init__(
+        self, frames: list | tuple, max_pixels: int | None, max_frames: int | None
+    ) -> None:
         self.name = f"a list of {len(frames)} frames"
         if not frames:
             raise VideoError("the list of frames is empty")
+        if max_frames is not None and len(frames) > max_frames:
+            raise _too_many(self.name, max_frames)
         self.frames = frames
         self.length = len(frames)
         size = None
@@ -366,7 +497,7 @@ class _FrameList(_Reader):
                 width, height = frame.size
             else:
                 height, width = _check_rgb(frame, f"{self.name}: frame {k}").shape[:2]
-            _check_pixels(f"{self.name}: frame {k}", width, height)
+            _check_pixels(self.name, width, height, max_pixels, k)
             if size is None:
                 size = (width, height)
             elif (width, height) != size:
@@ -412,16 +543,48 @@ class VideoFrames(Sequence):
         image_size: int = 1008,
         cache_frames: int = 16,
         preprocess: Preprocess = preprocess_frame,
+        max_pixels: int | None = None,
+        max_frames: int | None = None,
+    ) -> None:
+        if max_pixels is not None:
+            max_pixels = _check_size(max_pixels, "max_pixels")
+        if max_frames is not None:
+            max_frames = _check_size(max_frames, "max_frames")
+        self._setup(
+            _make_reader(source, max_pixels, max_frames), image_size, cache_frames, preprocess
+        )
+
+    def _setup(
+        self, reader: _Reader, image_size: int, cache_frames: int, preprocess: Preprocess
     ) -> None:
         self.image_size = _check_size(image_size, "image_size")
         self.cache_frames = _check_size(cache_frames, "cache_frames")
         self.preprocess = preprocess
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._reader = _make_reader(source)
-        self.source = self._reader.name
-        self.height = self._reader.height
-        self.width = self._reader.width
-        self.fps = self._reader.fps
+        self._reader = reader
+        self.source = reader.name
+        self.height = reader.height
+        self.width = reader.width
+        self.fps = reader.fps
+
+    def reopen(
+        self,
+        image_size: int | None = None,
+        cache_frames: int | None = None,
+        preprocess: Preprocess | None = None,
+    ) -> VideoFrames:
+        """Other frames of the same video (a reader of their own: a capture, a cache), with
+        its length and size as checked when this one opened: nothing is decoded again.
+        Unset arguments are this one's."""
+        twin = VideoFrames.__new__(VideoFrames)
+        twin._setup(
+            self._reader.copy(),
+            self.image_size if image_size is None else image_size,
+            self.cache_frames if cache_frames is None else cache_frames,
+            self.preprocess if preprocess is None else preprocess,
+        )
+        twin.source = self.source
+        return twin
 
     def __len__(self) -> int:
         return self._reader.length
@@ -497,9 +660,9 @@ class VideoFrames(Sequence):
         )
 
 
-def _make_reader(source: Any) -> _Reader:
+def _make_reader(source: Any, max_pixels: int | None, max_frames: int | None) -> _Reader:
     if isinstance(source, list | tuple):
-        return _FrameList(source)
+        return _FrameList(source, max_pixels, max_frames)
     if not isinstance(source, str | os.PathLike):
         raise VideoError(
             "a video is a path to a video file or a folder of frames, or a list of frames; "
@@ -507,7 +670,7 @@ def _make_reader(source: Any) -> _Reader:
         )
     path = Path(source)
     if path.is_dir():
-        return _FrameFolder(path)
+        return _FrameFolder(path, max_pixels, max_frames)
     if not path.exists():
         raise VideoError(f"{path}: no such video file or folder")
     if not path.is_file() or path.suffix.lower() not in VIDEO_EXTENSIONS:
@@ -515,7 +678,7 @@ def _make_reader(source: Any) -> _Reader:
             f"{path}: neither a folder of frames nor a video file (video extensions read: "
             f"{', '.join(VIDEO_EXTENSIONS)})"
         )
-    return _VideoFile(path)
+    return _VideoFile(path, max_pixels, max_frames)
 
 
 def open_video(
@@ -523,6 +686,8 @@ def open_video(
     image_size: int = 1008,
     cache_frames: int = 16,
     preprocess: Preprocess = preprocess_frame,
+    max_pixels: int | None = None,
+    max_frames: int | None = None,
 ) -> VideoFrames:
     """Open a video for the tracker: frames decoded on demand (:class:`VideoFrames`).
 
@@ -533,8 +698,21 @@ def open_video(
     count its frames exactly; a folder's images only have their headers read. ``image_size``:
     the side of the square preprocessed frames; ``preprocess``: the tracker's recipe
     (:func:`preprocess_frame`) or the dense video model's (:func:`preprocess_sam3_frame`).
-    Raises :class:`VideoError` for anything unreadable, with a one-line message naming it.
+
+    Limits, each checked on the frames themselves (a container's header can say anything)
+    and stopping at the first frame past it: ``max_pixels`` per frame (default
+    :data:`paddle_sam.predict.io.MAX_IMAGE_PIXELS`), ``max_frames`` (default: none). A video
+    file whose frames are images (MJPEG, PNG, ... in an AVI or MKV) has every frame's header
+    read before anything is decoded; frames of different sizes are refused (OpenCV would
+    scale them to the first one's size silently).
+    Raises :class:`VideoTooLarge` past a limit and :class:`VideoError` for anything
+    unreadable, with a one-line message naming it.
     """
     return VideoFrames(
-        source, image_size=image_size, cache_frames=cache_frames, preprocess=preprocess
+        source,
+        image_size=image_size,
+        cache_frames=cache_frames,
+        preprocess=preprocess,
+        max_pixels=max_pixels,
+        max_frames=max_frames,
     )

@@ -114,12 +114,51 @@ class SessionTooLarge(SessionError):
     code = "session_too_large"
 
 
+class UploadsBusy(SessionError):
+    """Uploads in flight already hold the memory budget: retry shortly."""
+
+    status = 429
+    code = "uploads_busy"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.headers = {"Retry-After": "5"}
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class Reservation:
+    """Bytes of an upload in flight held in a :class:`SessionStore`'s budget (see
+    :meth:`SessionStore.reserve`): ``grow`` as bytes arrive, ``release`` when the upload is
+    refused or became a session (``SessionStore.add(session, reservation)`` releases it)."""
+
+    def __init__(self, store: SessionStore, noun: str) -> None:
+        self.store, self.noun, self.bytes = store, noun, 0
+
+    def grow(self, nbytes: int) -> None:
+        self.store._reserve(self, nbytes)
+
+    def release(self) -> None:
+        with self.store._lock:
+            self.store._release_locked(self)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class SessionStore:
     """Thread-safe LRU of sessions under a byte budget, with an optional idle timeout.
 
-    ``touch`` and ``refresh`` re-measure a session after it grew and evict others (least
-    recently used first) until the total fits again. A session alone larger than the budget
-    is refused with :class:`SessionTooLarge`.
+    ``refresh`` re-measures a session after it grew and evicts others (least recently used
+    first) until the total fits again. A session alone larger than the budget is refused
+    with :class:`SessionTooLarge` by ``add``, and dropped by ``refresh`` (the others are not
+    evicted for it). Uploads in flight hold their bytes in the same budget
+    (:meth:`reserve`): sessions are evicted to leave them room.
     """
 
     def __init__(
@@ -141,7 +180,8 @@ class SessionStore:
         self._remember = remember
         self._on_drop = on_drop
         self._lock = threading.Lock()
-        self.total_bytes = 0
+        self.total_bytes = 0  # of the sessions
+        self.reserved_bytes = 0  # of the uploads in flight
         self.peak_bytes = 0
         self.evictions = 0
 
@@ -156,18 +196,64 @@ class SessionStore:
         with self._lock:
             return list(self._sessions.values())
 
-    def add(self, session: Any) -> list[Any]:
+    def _too_large(self, session: Any, size: int) -> str:
+        return (
+            f"this {session.noun} needs {_mib(size)} in the session cache "
+            f"({session.contents}), above the server's budget of {_mib(self.budget_bytes)}; "
+            f"upload a smaller {session.noun} or start the server with a larger "
+            "--memory-budget-mb"
+        )
+
+    def reserve(self, nbytes: int, noun: str) -> Reservation:
+        """Hold ``nbytes`` of the budget for an upload in flight (its Content-Length, or 0
+        to ``grow`` as bytes arrive). Uploads in flight together may hold the whole budget,
+        no more: past it :class:`UploadsBusy` (429, retry); one upload above the whole
+        budget: :class:`SessionTooLarge` (413). Sessions are evicted (least recently used
+        first) to leave the reserved bytes room."""
+        reservation = Reservation(self, noun)
+        reservation.grow(nbytes)
+        return reservation
+
+    def _reserve(self, reservation: Reservation, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._lock:
+            wanted = reservation.bytes + nbytes
+            # refused: what it holds stays held until its owner releases it (after removing
+            # the bytes it wrote)
+            if wanted > self.budget_bytes:
+                raise SessionTooLarge(
+                    f"this {reservation.noun} upload is more than {_mib(wanted)}, above the "
+                    f"server's memory budget of {_mib(self.budget_bytes)} (its session keeps "
+                    f"the file); upload a smaller {reservation.noun} or start the server with "
+                    "a larger --memory-budget-mb"
+                )
+            if self.reserved_bytes + nbytes > self.budget_bytes:
+                held = self.reserved_bytes - reservation.bytes
+                raise UploadsBusy(
+                    f"other uploads in flight hold {_mib(held)} of the server's memory budget "
+                    f"of {_mib(self.budget_bytes)}; this {reservation.noun} upload needs "
+                    f"{_mib(wanted)}: retry when they are done, or start the server with a "
+                    "larger --memory-budget-mb"
+                )
+            reservation.bytes = wanted
+            self.reserved_bytes += nbytes
+            self._evict_locked(keep=None)
+
+    def _release_locked(self, reservation: Reservation) -> None:
+        self.reserved_bytes -= reservation.bytes
+        reservation.bytes = 0
+
+    def add(self, session: Any, reservation: Reservation | None = None) -> list[Any]:
         """Insert a session (a :class:`Session` or any object with its ``id``, ``nbytes``,
-        ``last_used``, ``noun`` and ``contents``); return the sessions evicted to make room."""
+        ``last_used``, ``noun`` and ``contents``); return the sessions evicted to make room.
+        ``reservation``: the upload's, released as the session takes its place."""
         size = session.nbytes
         if size > self.budget_bytes:
-            raise SessionTooLarge(
-                f"this {session.noun} needs {size / 2**20:.1f} MiB in the session cache "
-                f"({session.contents}), above the server's budget of "
-                f"{self.budget_bytes / 2**20:.1f} MiB; upload a smaller {session.noun} or start "
-                "the server with a larger --memory-budget-mb"
-            )
+            raise SessionTooLarge(self._too_large(session, size))
         with self._lock:
+            if reservation is not None:
+                self._release_locked(reservation)
             self._expire_locked()
             self._sessions[session.id] = session
             self._sizes[session.id] = size
@@ -205,14 +291,31 @@ class SessionStore:
             return s
 
     def refresh(self, session: Session) -> list[Session]:
-        """Re-measure a session after it changed; evict others if the total is over budget."""
+        """Re-measure a session after it changed; evict others if the total is over budget.
+        A session grown past the whole budget by itself is dropped instead (and returned
+        among the evicted: ``dropped_message`` says why), the others kept."""
         size = session.nbytes
         with self._lock:
             if session.id not in self._sessions:
                 return []
             self.total_bytes += size - self._sizes[session.id]
             self._sizes[session.id] = size
+            if size > self.budget_bytes:
+                self.peak_bytes = max(self.peak_bytes, self.total_bytes + self.reserved_bytes)
+                why = (
+                    f"was dropped: it grew to {_mib(size)} ({session.contents}), above the "
+                    f"server's memory budget of {_mib(self.budget_bytes)} by itself "
+                    "(start the server with a larger --memory-budget-mb)"
+                )
+                return [self._drop_locked(session.id, why)]
             return self._evict_locked(keep=session.id)
+
+    def dropped_message(self, session_id: str) -> str | None:
+        """Why a session is gone (evicted, expired, grown past the budget); None if it is
+        not."""
+        with self._lock:
+            gone = self._gone.get(session_id)
+        return None if gone is None else f"session {session_id} {gone[0]}"
 
     def delete(self, session_id: str, kind: type | None = None) -> Any:
         kind = kind or Session
@@ -235,6 +338,7 @@ class SessionStore:
             return {
                 "count": len(self._sessions),
                 "bytes": self.total_bytes,
+                "uploads_in_flight_bytes": self.reserved_bytes,
                 "peak_bytes": self.peak_bytes,
                 "budget_bytes": self.budget_bytes,
                 "evictions": self.evictions,
@@ -252,9 +356,11 @@ class SessionStore:
             self._on_drop(s)
         return s
 
-    def _evict_locked(self, keep: str) -> list[Session]:
+    def _evict_locked(self, keep: str | None) -> list[Session]:
+        """Evict sessions but ``keep`` (least recently used first) until the sessions and
+        the uploads in flight fit the budget, or none is left to evict."""
         evicted = []
-        while self.total_bytes > self.budget_bytes:
+        while self.total_bytes + self.reserved_bytes > self.budget_bytes:
             victim = next((k for k in self._sessions if k != keep), None)
             if victim is None:
                 break
@@ -264,7 +370,7 @@ class SessionStore:
                 )
             )
             self.evictions += 1
-        self.peak_bytes = max(self.peak_bytes, self.total_bytes)
+        self.peak_bytes = max(self.peak_bytes, self.total_bytes + self.reserved_bytes)
         return evicted
 
     def _expire_locked(self) -> None:

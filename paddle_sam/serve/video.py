@@ -7,7 +7,10 @@ the predictor's session (SAM 3's inference state: frame features, tracker memori
 outputs) and the latest result of every frame (COCO RLE per object, with id, score and box).
 All of it counts against the service's memory budget: the inference state is measured after
 every model call (every array and tensor it holds, :func:`deep_nbytes`), the results and the
-frame cache by their bytes, the file by its size on disk.
+frame cache by their bytes, the file by its size on disk. An upload is checked and decoded
+(once, to count its frames; every limit on the frames themselves) outside the model lock;
+the predictor's session gets the frames opened. A session that passes the whole budget by
+itself is dropped, not the others; a propagation stops before it would.
 
 Requests follow ``Sam3VideoPredictor.handle_request`` (upstream sam3 0.1.4): a text or
 exemplar-box prompt starts over (every object is replaced by the detections on that frame);
@@ -19,7 +22,6 @@ server's coordinates are pixels of the video; the predictor's are normalised to 
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import shutil
 import tempfile
@@ -32,10 +34,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..predict.io import coco_rle, decode_coco_rle
-from ..predict.video import VideoError, open_video
+from ..predict.video import (
+    VideoError,
+    VideoFrames,
+    VideoTooLarge,
+    open_video,
+    preprocess_sam3_frame,
+)
 from .errors import ServiceError
 from .service import JobCancelled, JobQueue, ModelService
-from .sessions import SessionStore
+from .sessions import Reservation, SessionError, SessionStore, SessionTooLarge
 
 logger = logging.getLogger(__name__)
 
@@ -80,49 +88,49 @@ class VideoLimits:
         }
 
 
-def probe_video(path: Path, name: str, limits: VideoLimits) -> None:
-    """Check a video file against ``limits`` before anything decodes all of it: OpenCV must
-    open it, its frames must be small enough, and counting stops one frame past the limit."""
-    import cv2
-
-    api = cv2.CAP_FFMPEG if cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG) else cv2.CAP_ANY
-    cap = cv2.VideoCapture(str(path), api)
+def probe_video(path: Path, name: str, limits: VideoLimits, cache_frames: int = 4) -> VideoFrames:
+    """Open an uploaded video within ``limits`` (:func:`paddle_sam.predict.video.open_video`:
+    every frame checked as it is, not as the container says; image codecs' frames by their
+    headers before anything is decoded), stopping at the first frame past a limit. Its
+    frames (RGB, ``cache_frames`` kept); a :class:`ServiceError` naming the upload (never the
+    server's path) and the flag of the limit passed."""
     try:
-        if not cap.isOpened():
-            raise ServiceError(
-                400, "invalid_video", f"{name}: corrupt or unreadable video (OpenCV cannot open it)"
-            )
-        width = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
-        height = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
-        if width * height > limits.max_pixels:
+        frames = open_video(
+            path,
+            cache_frames=cache_frames,
+            preprocess=preprocess_sam3_frame,
+            max_pixels=limits.max_pixels,
+            max_frames=limits.max_frames,
+        )
+    except VideoTooLarge as exc:
+        if exc.what == "frames":
             raise ServiceError(
                 413,
-                "video_too_large",
-                f"{name}: {width}x{height} pixels per frame is above the limit of "
-                f"{limits.max_pixels} pixels (--max-video-pixels)",
-            )
-        fps = float(cap.get(cv2.CAP_PROP_FPS))
-        count = 0
-        while count <= limits.max_frames and cap.grab():
-            count += 1
-    finally:
-        cap.release()
-    if count == 0:
-        raise ServiceError(400, "invalid_video", f"{name}: the video has no frames")
-    if count > limits.max_frames:
+                "video_too_long",
+                f"{name}: more than {limits.max_frames} frames, above the limit of "
+                f"{limits.max_frames} frames per video (--max-video-frames)",
+            ) from None
+        where = "" if exc.frame is None else f"frame {exc.frame}: "
+        size = "too many pixels" if exc.size is None else f"{exc.size[0]}x{exc.size[1]} pixels"
         raise ServiceError(
             413,
-            "video_too_long",
-            f"{name}: more than {limits.max_frames} frames, above the limit of "
-            f"{limits.max_frames} frames per video (--max-video-frames)",
-        )
-    if math.isfinite(fps) and fps > 0 and count / fps > limits.max_seconds:
+            "video_too_large",
+            f"{name}: {where}{size} per frame is above the limit of {limits.max_pixels} "
+            "pixels (--max-video-pixels)",
+        ) from None
+    except VideoError as exc:
+        detail = str(exc).replace(str(path), name)
+        raise ServiceError(400, "invalid_video", detail) from None
+    count, fps = len(frames), frames.fps
+    if fps is not None and count / fps > limits.max_seconds:
+        frames.close()
         raise ServiceError(
             413,
             "video_too_long",
             f"{name}: {count / fps:.1f} s ({count} frames at {fps:g} fps), above the limit "
             f"of {limits.max_seconds:g} s per video (--max-video-seconds)",
         )
+    return frames
 
 
 # -- memory -----------------------------------------------------------------------------
@@ -458,25 +466,40 @@ class VideoService:
         with self.service.lock:
             self._measure_locked(session)
 
+    def refresh(self, session: VideoSession) -> None:
+        """The store re-measures the session; 413 when it grew past the whole budget by
+        itself (the store dropped it, and kept the other sessions)."""
+        if session in self.store.refresh(session):
+            detail = self.store.dropped_message(session.id) or f"session {session.id} was dropped"
+            raise SessionTooLarge(detail)
+
     # -- sessions --
 
     def new_folder(self) -> Path:
         folder = Path(tempfile.mkdtemp(prefix="s-", dir=self.workdir))
         return folder
 
-    def start(self, folder: Path, path: Path, name: str) -> VideoSession:
-        """A session for the checked video file ``path`` (in ``folder``, removed on failure)."""
+    def start(
+        self, folder: Path, path: Path, name: str, reservation: Reservation | None = None
+    ) -> VideoSession:
+        """A session for the uploaded video file ``path`` (in ``folder``, removed on
+        failure). The video is checked and decoded (once, to count its frames) here, outside
+        the model lock; the predictor's session gets the frames opened. ``reservation``: the
+        upload's bytes in the store, released as the session takes their place."""
         try:
-            probe_video(path, name, self.limits)
-            try:
-                frames = open_video(path, cache_frames=4)
-            except VideoError as exc:
-                raise ServiceError(400, "invalid_video", f"{name}: {exc}") from None
+            frames = probe_video(path, name, self.limits)
+            # the predictor's own reader of the same frames: nothing decoded again
+            model_frames = frames.reopen(
+                image_size=self.predictor.model.image_size, cache_frames=16
+            )
             t = time.perf_counter()
             try:
-                sid = self.call({"type": "start_session", "resource_path": str(path)})["session_id"]
+                sid = self.call({"type": "start_session", "resource_path": model_frames})[
+                    "session_id"
+                ]
             except (ValueError, RuntimeError) as exc:
                 frames.close()
+                model_frames.close()
                 raise ServiceError(400, "invalid_video", f"{name}: {exc}") from None
             self.last_start_seconds = time.perf_counter() - t
             session = VideoSession(self.store.new_id(), sid, folder, path, name, frames)
@@ -490,7 +513,7 @@ class VideoService:
             )
             self.measure(session)
             try:
-                self.store.add(session)
+                self.store.add(session, reservation)
             except Exception:
                 self.close(session)
                 raise
@@ -548,20 +571,20 @@ class VideoService:
             session.prompted_frames.add(frame)
             session.set_frame(frame, objects)
         self.measure(session)
-        self.store.refresh(session)
+        self.refresh(session)
         return frame, objects
 
     def remove_object(self, session: VideoSession, obj_id: int) -> None:
         self.call({"type": "remove_object", "session_id": session.predictor_id, "obj_id": obj_id})
         session.drop_object(obj_id)
         self.measure(session)
-        self.store.refresh(session)
+        self.refresh(session)
 
     def reset(self, session: VideoSession) -> None:
         self.call({"type": "reset_session", "session_id": session.predictor_id})
         session.start_over()
         self.measure(session)
-        self.store.refresh(session)
+        self.refresh(session)
 
     # -- propagation --
 
@@ -636,7 +659,10 @@ class VideoService:
             job.total,
         )
         t = time.perf_counter()
-        measured = 0.0
+        measured = 0.0  # when the inference state was last measured
+        budget = self.store.budget_bytes
+        size0 = size = session.nbytes
+        per_frame = 0.0  # the session's growth per frame so far
         status, error = "done", None
         try:
             while True:
@@ -648,11 +674,6 @@ class VideoService:
                         item = next(stream)
                     except StopIteration:
                         break
-                    # the inference state grows with every frame (features, memories):
-                    # measured a few times a second, while nothing changes it
-                    if time.perf_counter() - measured > 0.5:
-                        self._measure_locked(session)
-                        measured = time.perf_counter()
                     # the frame's results and the progress count change with the frame, under
                     # the model lock: whoever holds it sees every frame read so far counted
                     objects = frame_objects(item["outputs"])
@@ -660,19 +681,40 @@ class VideoService:
                     session.set_frame(frame, objects)
                     job.done += 1
                     job.last_frame = frame
-                self.store.refresh(session)
-                if session.nbytes > self.store.budget_bytes:
-                    raise MemoryError(
-                        f"the session reached {session.nbytes / 2**20:.1f} MiB at frame {frame}, "
-                        f"above the server's memory budget of "
-                        f"{self.store.budget_bytes / 2**20:.1f} MiB (--memory-budget-mb): "
-                        "propagate fewer frames at a time (max_frames)"
+                    # the inference state grows with every frame (features, memories):
+                    # measured while nothing changes it, a few times a second, and on every
+                    # frame once the session nears the budget
+                    near = size + 4 * per_frame > budget
+                    if near or time.perf_counter() - measured > 0.5:
+                        self._measure_locked(session)
+                        measured = time.perf_counter()
+                    size = session.nbytes
+                    per_frame = max(size - size0, 0) / job.done
+                self.refresh(session)  # past the budget by itself: dropped (413)
+                if job.done < job.total and size + 2 * per_frame > budget:
+                    # stopped while the session still fits, the frames done kept
+                    raise SessionTooLarge(
+                        f"stopped after frame {frame} ({job.done} of {job.total} frames): the "
+                        f"session holds {size / 2**20:.1f} MiB and the next frames would take "
+                        f"it above the server's memory budget of {budget / 2**20:.1f} MiB "
+                        "(--memory-budget-mb); the frames done are kept: propagate fewer frames "
+                        "at a time (max_frames) or start the server with a larger budget"
                     )
             with session.lock:
                 session.propagated = True
                 session.changed.clear()
         except JobCancelled:
             status = "cancelled"
+        except SessionError as exc:  # the budget: one line for the client and the log
+            logger.warning(
+                "propagation %s (video %s) stopped after %d of %d frames: %s",
+                job.id,
+                session.id,
+                job.done,
+                job.total,
+                exc.detail,
+            )
+            status, error = "failed", exc.detail
         except Exception as exc:  # the client reads one line through the progress endpoint
             logger.exception(
                 "propagation %s (video %s) failed after %d of %d frames",

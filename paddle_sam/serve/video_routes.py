@@ -8,6 +8,7 @@ Without a video predictor (a SAM v1 model, or SAM 3 without the tracker's weight
 from __future__ import annotations
 
 import base64
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -18,17 +19,21 @@ import cv2
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.requests import ClientDisconnect
+from starlette.types import Message
 
 from .errors import ServiceError
 from .guard import BodyTooLarge
 from .routes import STATIC_DIR
 from .schemas import VIDEO_UPLOAD_SCHEMA, PropagateRequest, VideoPromptRequest, mask_png
 from .service import QueueFull
-from .sessions import SessionStore
+from .sessions import Reservation, SessionStore
 from .state import Gates
 from .video import _EXTENSIONS, VIDEO_FORMATS, VideoService, VideoSession, sniff_video_format
 
 COPY_CHUNK = 1 << 20
+
+logger = logging.getLogger(__name__)
 
 
 def _stem(s: VideoSession) -> str:
@@ -194,7 +199,9 @@ def video_page() -> FileResponse:
     return FileResponse(STATIC_DIR / "video.html")
 
 
-def _start(mode: VideoMode, folder: Path, upload: Path, name: str) -> VideoSession:
+def _start(
+    mode: VideoMode, folder: Path, upload: Path, name: str, reservation: Reservation
+) -> VideoSession:
     vs = mode.service()
     with open(upload, "rb") as f:
         head = f.read(64)
@@ -208,7 +215,57 @@ def _start(mode: VideoMode, folder: Path, upload: Path, name: str) -> VideoSessi
     path = upload.with_name("video" + _EXTENSIONS[fmt])
     upload.rename(path)
     with mode.gates.video_starts:
-        return vs.start(folder, path, name)
+        return vs.start(folder, path, name, reservation)
+
+
+def _counted(request: Request, reservation: Reservation) -> Request:
+    """The request, its body's bytes held in the store's budget as they arrive (beyond
+    those its Content-Length reserved): the reservation refuses past the budget."""
+    receive = request.receive
+    received = 0
+
+    async def counted_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > reservation.bytes:
+                reservation.grow(received - reservation.bytes)
+        return message
+
+    return Request(request.scope, counted_receive)
+
+
+async def _read_upload(request: Request, upload: Path) -> str:
+    """The body's video into ``upload`` (a multipart field 'video', or the raw bytes); the
+    name the client gave it."""
+    name = "upload"
+    ctype = request.headers.get("content-type", "").lower()
+    if ctype.startswith("multipart/form-data"):
+        try:
+            form = await request.form(max_files=1, max_fields=4)
+        except (BodyTooLarge, ClientDisconnect, ServiceError):
+            raise
+        except Exception as exc:  # starlette's MultiPartException
+            raise ServiceError(400, "invalid_upload", f"malformed multipart body: {exc}") from None
+        try:
+            part = form.get("video")
+            if part is None or isinstance(part, str):
+                raise ServiceError(
+                    400,
+                    "invalid_upload",
+                    "multipart upload needs a file field named 'video'",
+                )
+            name = part.filename or name
+            with open(upload, "wb") as f:  # the guard kept it within the limit
+                await run_in_threadpool(shutil.copyfileobj, part.file, f, COPY_CHUNK)
+        finally:
+            await form.close()
+    else:
+        with open(upload, "wb") as f:
+            async for chunk in request.stream():
+                f.write(chunk)
+    return name
 
 
 @router.post(
@@ -219,42 +276,28 @@ def _start(mode: VideoMode, folder: Path, upload: Path, name: str) -> VideoSessi
 )
 async def create_video(request: Request, mode: Mode) -> dict:
     vs = mode.service()
+    length = request.headers.get("content-length", "").strip()
+    # the upload holds its bytes in the memory budget until its session takes their place
+    reservation = mode.store.reserve(int(length) if length.isdigit() else 0, "video")
     folder = vs.new_folder()
     upload = folder / "upload"
-    name = "upload"
     try:
-        ctype = request.headers.get("content-type", "").lower()
-        if ctype.startswith("multipart/form-data"):
-            try:
-                form = await request.form(max_files=1, max_fields=4)
-            except BodyTooLarge:
-                raise
-            except Exception as exc:  # starlette's MultiPartException
-                raise ServiceError(
-                    400, "invalid_upload", f"malformed multipart body: {exc}"
-                ) from None
-            try:
-                part = form.get("video")
-                if part is None or isinstance(part, str):
-                    raise ServiceError(
-                        400,
-                        "invalid_upload",
-                        "multipart upload needs a file field named 'video'",
-                    )
-                name = part.filename or name
-                with open(upload, "wb") as f:  # the guard kept it within the limit
-                    await run_in_threadpool(shutil.copyfileobj, part.file, f, COPY_CHUNK)
-            finally:
-                await form.close()
-        else:
-            with open(upload, "wb") as f:
-                async for chunk in request.stream():
-                    f.write(chunk)
+        name = await _read_upload(_counted(request, reservation), upload)
         t = time.perf_counter()
-        s = await run_in_threadpool(_start, mode, folder, upload, name)
+        s = await run_in_threadpool(_start, mode, folder, upload, name, reservation)
+    except ClientDisconnect:
+        size = upload.stat().st_size if upload.exists() else 0
+        shutil.rmtree(folder, ignore_errors=True)
+        logger.info("video upload abandoned by the client (%d bytes written)", size)
+        # one line in the log, no traceback; nobody reads this answer: the client is gone
+        raise ServiceError(
+            400, "client_disconnected", "the client left during the upload"
+        ) from None
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+    finally:
+        reservation.release()
     return {
         **s.to_json(),
         "open_seconds": round(time.perf_counter() - t, 4),

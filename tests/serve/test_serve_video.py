@@ -564,27 +564,29 @@ def test_video_sessions_count_against_the_memory_budget(model, clip, caplog):
         while predictor.session_ids() or list(workdir.iterdir()):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        # a propagation stops once its session passes the budget (the others evicted first);
-        # the session keeps the frames done
+        # a propagation stops before its session passes the budget (others evicted to make
+        # room, as for any session that grows): the session keeps the frames done
         store.budget_bytes = 2**30
         d = upload(c, clip)["session_id"]
         r = c.post(f"/videos/{d}/prompt", json={"frame_index": 0, "text": TEXT})
         assert r.status_code == 200
-        store.budget_bytes = c.get(f"/videos/{d}").json()["bytes"] + 1
+        # room for a few frames' features and memories (about 150 kB a frame here)
+        store.budget_bytes = c.get(f"/videos/{d}").json()["bytes"] + 700_000
         r = c.post(f"/videos/{d}/propagate", json={"direction": "forward"})
         job = wait_job(c, d, r.json()["job_id"])
-        assert job["status"] == "failed" and 1 <= job["done"] < NUM_FRAMES, job
+        assert job["status"] == "failed" and 1 <= job["done"] < NUM_FRAMES - 1, job
         assert "above the server's memory budget" in job["error"]
-        assert "--memory-budget-mb" in job["error"]
+        assert "--memory-budget-mb" in job["error"] and "frames done are kept" in job["error"]
         assert "\n" not in job["error"] and "Traceback" not in job["error"]
-        # the log has the failure with its traceback, and the evictions
-        failed = [r for r in caplog.records if r.levelno == logging.ERROR]
-        assert [r.name for r in failed] == ["paddle_sam.serve.video"]
-        assert job["job_id"] in failed[0].getMessage() and failed[0].exc_info is not None
-        assert "Traceback" in caplog.text and "MemoryError" in caplog.text
+        # the log has the stop in one line (no traceback), and the evictions
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+        assert "Traceback" not in caplog.text
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(job["job_id"] in m and "stopped after" in m for m in warned), warned
         messages = [r.getMessage() for r in caplog.records]
         assert f"video session {a['session_id']} was evicted" in " ".join(messages)
-        assert c.get("/health").json()["sessions"]["count"] == 1  # the others evicted
+        stats = c.get("/health").json()["sessions"]
+        assert stats["bytes"] == c.get(f"/videos/{d}").json()["bytes"] <= store.budget_bytes
         assert c.get(f"/videos/{d}/frames/0").json()["has_results"] is True
 
 
