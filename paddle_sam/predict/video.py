@@ -14,7 +14,6 @@ import copy
 import io
 import operator
 import os
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,10 +21,13 @@ from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from . import io as _image_io
-from .io import IMAGE_FORMATS
+
+#: the pixel limit handed to predict.io's decoder, whose own default must not apply: a video's
+#: frames are checked against the video's limit (:func:`_check_pixels`) on the size it returns
+_HEADER_ONLY = 2**62
 
 #: video containers read with OpenCV (case-insensitive)
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".avi", ".mkv", ".webm")
@@ -112,14 +114,13 @@ def _too_many(name: str, limit: int) -> VideoTooLarge:
 def _packet_image_size(packet: np.ndarray) -> tuple[int, int] | None:
     """``(width, height)`` from the header of an encoded frame that is an image file (JPEG,
     PNG, ...: :data:`IMAGE_FORMATS`), read without decoding its pixels; None for any other
-    codec's packet. PIL's decompression-bomb refusal is raised as it is."""
+    codec's packet. Too large a frame is :class:`~paddle_sam.predict.io.ImageTooLargeError`
+    (PIL's own bomb limit; the caller checks its own limit on the size returned)."""
     try:
-        with warnings.catch_warnings():
-            # the caller's limit is the one that applies, not PIL's lower warning threshold
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(packet.tobytes()), formats=IMAGE_FORMATS) as im:
-                return im.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return _image_io.image_size(io.BytesIO(packet.tobytes()), "frame", _HEADER_ONLY)
+    except _image_io.ImageTooLargeError:
+        raise
+    except ValueError:
         return None
 
 
@@ -284,7 +285,7 @@ class _VideoFile(_Reader):
                     continue
                 try:
                     size = _packet_image_size(packet)
-                except Image.DecompressionBombError as exc:
+                except _image_io.ImageTooLargeError as exc:
                     raise VideoTooLarge(
                         f"{self.name}: frame {index} is too large ({exc})",
                         "pixels",
@@ -433,42 +434,27 @@ class _FrameFolder(_Reader):
                     f"is {self.width}x{self.height}; all frames of a video must have one size"
                 )
 
-    def _open(self, path: Path) -> Image.Image:
-        try:
-            with warnings.catch_warnings():
-                # our own limit applies, not PIL's lower warning threshold
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                im = Image.open(path, formats=IMAGE_FORMATS)
-        except Image.DecompressionBombError as exc:
-            raise VideoError(f"{path}: image too large ({exc})") from exc
-        except UnidentifiedImageError:
-            raise VideoError(
-                f"{path}: not a readable image (formats read: {', '.join(IMAGE_FORMATS)})"
-            ) from None
-        except OSError as exc:
-            raise VideoError(f"{path}: cannot read the image ({exc})") from exc
-        try:
-            _check_pixels(str(path), im.width, im.height, self.max_pixels)
-        except VideoError:
-            im.close()
-            raise
-        return im
-
     def _header(self, path: Path) -> tuple[int, int]:
-        with self._open(path) as im:  # the header only: no pixels are decoded
-            return im.size
+        """The frame's size from its header (no pixel decoded), checked against the limit."""
+        try:
+            width, height = _image_io.image_size(path, str(path), _HEADER_ONLY)
+        except ValueError as exc:  # the allow-list, damaged files, PIL's bomb limit
+            raise VideoError(str(exc)) from None
+        _check_pixels(str(path), width, height, self.max_pixels)
+        return width, height
 
     def read(self, index: int, keep_from: int, store: Store) -> np.ndarray:
         path = self.paths[index]
-        im = self._open(path)
+        self._header(path)
         try:
             # upstream's conversion; like upstream, EXIF orientation is not applied (frames
             # keep the size their headers give)
-            frame = np.asarray(im.convert("RGB"))
-        except OSError as exc:  # truncated or damaged files
-            raise VideoError(f"{path}: frame {index} is damaged or truncated ({exc})") from exc
-        finally:
-            im.close()
+            with _image_io.open_image(
+                path, f"{path}: frame {index}", _HEADER_ONLY, orient=False
+            ) as im:
+                frame = np.asarray(im.convert("RGB"))
+        except ValueError as exc:  # truncated or damaged files
+            raise VideoError(str(exc)) from None
         if frame.shape != (self.height, self.width, 3):
             raise VideoError(
                 f"{path}: frame {index} is {frame.shape[1]}x{frame.shape[0]}, but the video is "

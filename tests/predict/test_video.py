@@ -286,7 +286,7 @@ def test_folder_truncated_frame_fails_when_read(tmp_path):
     (tmp_path / "1.jpg").write_bytes(data[: len(data) * 3 // 4])  # the headers stay whole
     video = open_video(tmp_path)  # headers are fine
     assert video.rgb(0)[0, 0].tolist() == [1, 2, 3]
-    with pytest.raises(VideoError, match=r"1\.jpg: frame 1 is damaged or truncated"):
+    with pytest.raises(VideoError, match=r"1\.jpg: frame 1: damaged or truncated"):
         video.rgb(1)
 
 
