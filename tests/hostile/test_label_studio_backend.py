@@ -409,6 +409,8 @@ def test_setup_cannot_move_the_pinned_origin(backend, ls: Upstream, capture: Ups
     # another origin is refused and never used, with a token or without
     ls.seen.clear()
     url = backend()
+    r = httpx.post(url + "/setup", json={**setup, "hostname": "file:///etc/passwd"})
+    assert_error(r, 400, "invalid_hostname", "only http(s)")
     r = httpx.post(url + "/setup", json={**setup, "hostname": ls.url, "access_token": LEGACY})
     assert r.status_code == 200, r.text
     for token in (STRANGER, None):
@@ -560,8 +562,14 @@ def test_trickling_downloads_end_and_health_answers(backend, ls: Upstream) -> No
         body = predict_body(f"/trickle?{i}")
         body["tasks"][0]["id"] = 100 + i
         bodies.append(body)
-    with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(httpx.post, url + "/predict", json=b, timeout=120) for b in bodies]
+    limits = httpx.Limits(max_connections=n + 1)
+    with ThreadPoolExecutor(n) as pool, httpx.Client(limits=limits, timeout=120) as client:
+        # one client for all: the test's own threads must not starve the server of the GIL
+        futures = [pool.submit(client.post, url + "/predict", json=b) for b in bodies]
+        deadline_wait = time.monotonic() + 30
+        while sum(s.path.startswith("/trickle?") for s in ls.seen) < 1 + MAX_PREDICTS:
+            assert time.monotonic() < deadline_wait, "the downloads did not start"
+            time.sleep(0.02)
         latencies = []
         while not all(f.done() for f in futures):
             t = time.monotonic()
