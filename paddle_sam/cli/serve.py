@@ -10,8 +10,11 @@ import socket
 import sys
 
 from ..serve.config import (
+    DEFAULT_DOWNLOAD_TIMEOUT_S,
     DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_LABELS_PER_TASK,
     DEFAULT_MAX_QUEUED_JOBS,
+    DEFAULT_MAX_TASKS_PER_REQUEST,
     DEFAULT_MAX_UPLOAD_MB,
     DEFAULT_MAX_VIDEO_FRAMES,
     DEFAULT_MAX_VIDEO_PIXELS,
@@ -135,15 +138,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--label-studio-url",
         default=None,
         metavar="URL",
-        help="where to download task images from (default: the address Label Studio sends "
-        f"when it connects; ${LS_URL_ENV})",
+        help="Label Studio's address, where task images are downloaded from with its token "
+        "(default: the address Label Studio sends when it first connects, kept for the "
+        f"server's life; ${LS_URL_ENV})",
     )
     ls.add_argument(
         "--label-studio-api-key",
         default=None,
         metavar="KEY",
-        help="the token to download them with (a legacy token or a personal access token; "
-        f"default: the one Label Studio sends when it connects; ${LS_KEY_ENV})",
+        help="the token to download them with (a legacy token or a personal access token), "
+        "sent only to --label-studio-url, which it needs (default: the one Label Studio sends "
+        f"when it connects; ${LS_KEY_ENV})",
+    )
+    ls.add_argument(
+        "--allow-private-urls",
+        action="store_true",
+        help="also download task images from loopback, private and link-local addresses "
+        "(default: refused, except Label Studio's own address)",
+    )
+    ls.add_argument(
+        "--download-timeout",
+        type=positive(float),
+        default=DEFAULT_DOWNLOAD_TIMEOUT_S,
+        metavar="SECONDS",
+        help="the most one image download may take, redirects included (default: %(default)s)",
+    )
+    ls.add_argument(
+        "--max-tasks-per-request",
+        type=positive(int),
+        default=DEFAULT_MAX_TASKS_PER_REQUEST,
+        metavar="N",
+        help="refuse /predict requests with more tasks, each downloaded and embedded "
+        "(Retrieve Predictions sends every selected task at once; default: %(default)s)",
+    )
+    ls.add_argument(
+        "--max-labels-per-task",
+        type=positive(int),
+        default=DEFAULT_MAX_LABELS_PER_TASK,
+        metavar="N",
+        help="SAM 3 pre-labelling prompts every brush label of the config: refuse configs with "
+        "more (default: %(default)s)",
     )
     ls.add_argument(
         "--basic-auth-user",
@@ -258,12 +292,20 @@ def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
     if not args.label_studio:
         given = [
             flag
-            for flag, v in (
-                ("--label-studio-url", args.label_studio_url),
-                ("--label-studio-api-key", args.label_studio_api_key),
-                ("--basic-auth-user", args.basic_auth_user),
+            for flag, v, default in (
+                ("--label-studio-url", args.label_studio_url, None),
+                ("--label-studio-api-key", args.label_studio_api_key, None),
+                ("--basic-auth-user", args.basic_auth_user, None),
+                ("--allow-private-urls", args.allow_private_urls, False),
+                ("--download-timeout", args.download_timeout, DEFAULT_DOWNLOAD_TIMEOUT_S),
+                (
+                    "--max-tasks-per-request",
+                    args.max_tasks_per_request,
+                    DEFAULT_MAX_TASKS_PER_REQUEST,
+                ),
+                ("--max-labels-per-task", args.max_labels_per_task, DEFAULT_MAX_LABELS_PER_TASK),
             )
-            if v is not None
+            if v != default
         ]
         if given:
             raise ValueError(f"{', '.join(given)} apply to --label-studio only")
@@ -274,8 +316,21 @@ def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
             f"--basic-auth-user and ${BASIC_AUTH_PASS_ENV}"
         )
     url = args.label_studio_url or os.environ.get(LS_URL_ENV) or None
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise ValueError(f"--label-studio-url must be an http(s) address, got {url!r}")
+    if url is not None:
+        from ..serve.errors import ServiceError
+        from ..serve.fetch import origin_of
+
+        try:
+            origin_of(url)
+        except ServiceError as exc:
+            raise ValueError(f"--label-studio-url: {exc.detail}") from None
+    key = args.label_studio_api_key or os.environ.get(LS_KEY_ENV) or None
+    if key is not None and url is None:
+        raise ValueError(
+            f"--label-studio-api-key (or ${LS_KEY_ENV}) needs --label-studio-url (or "
+            f"${LS_URL_ENV}): the key is sent only to that address, never to the one a "
+            "/setup request names"
+        )
     basic = None
     if args.basic_auth_user is not None:
         password = os.environ.get(BASIC_AUTH_PASS_ENV)
@@ -284,8 +339,12 @@ def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
         basic = (args.basic_auth_user, password)
     return {
         "label_studio_url": url,
-        "api_key": args.label_studio_api_key or os.environ.get(LS_KEY_ENV) or None,
+        "api_key": key,
         "basic_auth": basic,
+        "allow_private_urls": args.allow_private_urls,
+        "download_timeout_s": args.download_timeout,
+        "max_tasks": args.max_tasks_per_request,
+        "max_labels": args.max_labels_per_task,
     }
 
 

@@ -33,8 +33,11 @@ from ..loading import (
 )
 from . import routes, video_routes
 from .config import (
+    DEFAULT_DOWNLOAD_TIMEOUT_S,
     DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_LABELS_PER_TASK,
     DEFAULT_MAX_QUEUED_JOBS,
+    DEFAULT_MAX_TASKS_PER_REQUEST,
     DEFAULT_MAX_UPLOAD_MB,
     DEFAULT_MAX_VIDEO_FRAMES,
     DEFAULT_MAX_VIDEO_PIXELS,
@@ -179,6 +182,10 @@ def create_label_studio_app(
     allowed_hosts: list[str] | tuple[str, ...] | None = None,
     label_studio_url: str | None = None,
     api_key: str | None = None,
+    allow_private_urls: bool = False,
+    download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S,
+    max_tasks: int = DEFAULT_MAX_TASKS_PER_REQUEST,
+    max_labels: int = DEFAULT_MAX_LABELS_PER_TASK,
 ) -> FastAPI:
     """paddle-sam as a Label Studio ML backend (``label_studio``): ``/health``, ``/setup``,
     ``/predict``, ``/webhook`` over a SAM model, a SAM 3 image model or a predictor.
@@ -187,7 +194,11 @@ def create_label_studio_app(
     ``session_ttl_s``; downloaded images may have ``max_upload_mb`` bytes and
     ``max_image_pixels`` pixels. ``basic_auth``: (user, password) that Label Studio sends
     (its ML backend setting "Basic Authentication"). ``label_studio_url`` / ``api_key``:
-    where and with which token to download task images, instead of what ``/setup`` says.
+    where and with which token to download task images, instead of what ``/setup`` says
+    (``api_key`` needs ``label_studio_url``). ``allow_private_urls``: also download from
+    loopback, private and link-local addresses; ``download_timeout_s``: the most one image may
+    take. ``max_tasks``: tasks per ``/predict``; ``max_labels``: brush labels SAM 3 prompts per
+    task when pre-labelling (400 beyond either).
     """
     from .label_studio import LabelStudioBackend, router
 
@@ -203,6 +214,10 @@ def create_label_studio_app(
         max_download=max_upload,
         label_studio_url=label_studio_url,
         api_key=api_key,
+        allow_private_urls=allow_private_urls,
+        download_timeout_s=download_timeout_s,
+        max_tasks=max_tasks,
+        max_labels=max_labels,
     )
     app = FastAPI(
         title="paddle-sam (Label Studio ML backend)",

@@ -13,3 +13,8 @@ DEFAULT_MAX_VIDEO_UPLOAD_MB = 200
 DEFAULT_MAX_VIDEO_FRAMES = 300  # 10 s at 30 fps; every frame runs the whole model once
 DEFAULT_MAX_VIDEO_SECONDS = 60.0
 DEFAULT_MAX_VIDEO_PIXELS = 1920 * 1080  # per frame
+
+# the Label Studio backend: what one download and one /predict request may cost
+DEFAULT_DOWNLOAD_TIMEOUT_S = 30.0  # one image, redirects included (Label Studio waits 100 s)
+DEFAULT_MAX_TASKS_PER_REQUEST = 16  # each is downloaded and embedded
+DEFAULT_MAX_LABELS_PER_TASK = 32  # SAM 3 pre-labelling prompts each brush label

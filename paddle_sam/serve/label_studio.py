@@ -14,22 +14,30 @@ What it answers (the project's labelling config names the tags):
   and returns no prediction.
 
 Answers are ``brushlabels`` results in Label Studio's RLE (:func:`label_studio_rle`) on the
-config's first ``BrushLabels`` tag. Images are downloaded from Label Studio with the token its
-``/setup`` call sends (or ``label_studio_url`` / ``api_key`` given here), decoded within the
+config's first ``BrushLabels`` tag. Images are downloaded through one :class:`~.fetch.Fetcher`
+(Label Studio's origin pinned, its token sent only there and never across a redirect, private
+addresses refused unless allowed, a total deadline and a byte cap), decoded within the
 service's pixel limit, and embedded once per task: the embeddings live in the service's session
 cache (its memory budget, least recently used first out).
+
+Label Studio's origin is ``label_studio_url`` when given (required with ``api_key``: the key is
+sent only there; the address ``/setup`` sends is then ignored), else the ``hostname`` of the
+first ``/setup`` with one: a later ``/setup`` naming another is refused (409). The token
+``/setup`` sends is kept only with the address it came with.
+
+Work is bounded: ``max_tasks`` tasks per ``/predict``, ``max_labels`` brush labels prompted per
+task (SAM 3 pre-labelling), ``MAX_PREDICTS`` requests working at once (each on a worker thread;
+``/health`` runs on the event loop, so it answers while they work) and ``MAX_WAITING`` more
+waiting (503 beyond).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-import json
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -41,13 +49,21 @@ from fastapi.concurrency import run_in_threadpool
 
 from .._version import __version__
 from ..predict.io import label_studio_rle
+from .config import (
+    DEFAULT_DOWNLOAD_TIMEOUT_S,
+    DEFAULT_MAX_LABELS_PER_TASK,
+    DEFAULT_MAX_TASKS_PER_REQUEST,
+)
 from .errors import ServiceError
+from .fetch import Fetcher, UpstreamError, origin_of
 from .routes import decode_image_bytes
 from .service import ModelService
 from .sessions import Session, SessionError, SessionStore
 
-DOWNLOAD_TIMEOUT_S = 60.0
 MAX_CLICK_PROMPTS = 64  # points in one request's context
+MAX_PREDICTS = 4  # /predict requests working at once (downloads, embeddings, prompts)
+MAX_WAITING = 16  # more may wait for their turn; 503 beyond
+ACCESS_TOKEN_S = 240.0  # how long an access token from a personal access token is reused
 
 
 # -- the labelling config ------------------------------------------------------------------
@@ -73,6 +89,10 @@ class LabelConfig:
 def parse_label_config(xml: str | None) -> LabelConfig:
     """The ``Image`` and ``BrushLabels`` tags of a labelling config; ValueError naming what is
     missing."""
+    if xml is not None and not isinstance(xml, str):
+        raise ValueError(
+            f"the labelling config must be its XML as a string, got {type(xml).__name__}"
+        )
     if not xml or not xml.strip():
         raise ValueError("the project has no labelling config")
     try:
@@ -194,7 +214,10 @@ class LabelStudioBackend:
 
     ``label_studio_url`` / ``api_key`` (a legacy token, or a personal access token which is
     exchanged for an access token) replace what Label Studio's ``/setup`` sends, e.g. when Label
-    Studio calls itself ``localhost`` but runs in another container.
+    Studio calls itself ``localhost`` but runs in another container; ``api_key`` needs
+    ``label_studio_url`` (the key goes only there). ``allow_private_urls``: also download task
+    images from loopback, private and link-local addresses (Label Studio's own always is).
+    ``download_timeout_s``: the most one image may take; ``max_download``: its bytes.
     """
 
     def __init__(
@@ -206,71 +229,136 @@ class LabelStudioBackend:
         max_download: int,
         label_studio_url: str | None = None,
         api_key: str | None = None,
+        allow_private_urls: bool = False,
+        download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S,
+        max_tasks: int = DEFAULT_MAX_TASKS_PER_REQUEST,
+        max_labels: int = DEFAULT_MAX_LABELS_PER_TASK,
     ) -> None:
+        if api_key and not label_studio_url:
+            raise ValueError(
+                "an API key needs Label Studio's address (--label-studio-url): the key is sent "
+                "only there"
+            )
         self.service, self.store = service, store
         self.max_image_pixels, self.max_download = max_image_pixels, max_download
+        self.max_tasks, self.max_labels = max_tasks, max_labels
         self.fixed_url = label_studio_url.rstrip("/") if label_studio_url else None
-        self.fixed_key = api_key
-        self.hostname: str | None = self.fixed_url
-        self.token: str | None = api_key
-        self._access: tuple[str, float] | None = None  # (access token, expiry) for a PAT
+        self.fetcher = Fetcher(
+            self.fixed_url,
+            allow_private=allow_private_urls,
+            deadline_s=download_timeout_s,
+            max_bytes=max_download,
+        )
+        self.fixed_key = api_key or None
+        self.hostname: str | None = self.fixed_url  # where Label Studio's paths are read
+        self.token: str | None = self.fixed_key
+        self._access: tuple[str, str, float] | None = None  # (for token, access token, expiry)
+        self._token_lock = threading.Lock()
         self.configs: dict[str, str] = {}  # project id -> labelling config, from /setup
         self._embedding: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self.model_version = f"paddle-sam-{__version__}-{service.model_type}"
+        self.busy = 0  # /predict requests working or waiting
+        self._gates: dict[int, asyncio.Semaphore] = {}  # per event loop (one when served)
+
+    def gate(self) -> asyncio.Semaphore:
+        """The semaphore of ``MAX_PREDICTS`` for the running event loop."""
+        loop = id(asyncio.get_running_loop())
+        return self._gates.setdefault(loop, asyncio.Semaphore(MAX_PREDICTS))
 
     # -- Label Studio's side --
 
     def setup(self, payload: dict) -> dict:
         project = str(payload.get("project") or "").split(".", 1)[0]
         schema = payload.get("schema")
-        parse_label_config(schema)  # refuse a config we cannot answer now, not at /predict
+        try:
+            parse_label_config(schema)  # refuse a config we cannot answer now, not at /predict
+        except ValueError as exc:
+            raise ServiceError(400, "invalid_label_config", str(exc)) from None
+        hostname, token = payload.get("hostname"), payload.get("access_token")
+        for key, value in (("hostname", hostname), ("access_token", token)):
+            if value is not None and not isinstance(value, str):
+                raise ServiceError(
+                    400, "invalid_request", f"'{key}' must be a string, got {type(value).__name__}"
+                )
+        if self.fixed_url is None and hostname:
+            self._pin(hostname.rstrip("/"), token or None)
+        elif self.fixed_url is not None and self.fixed_key is None and token:
+            self.token = token  # sent only to --label-studio-url
         if project:
             self.configs[project] = schema
-        if self.fixed_url is None and payload.get("hostname"):
-            self.hostname = str(payload["hostname"]).rstrip("/")
-        if self.fixed_key is None and payload.get("access_token"):
-            self.token = str(payload["access_token"])
         return {"model_version": self.model_version}
 
-    def _auth_header(self) -> str | None:
-        if not self.token:
-            return None
-        if not _is_jwt(self.token):
-            return f"Token {self.token}"
-        # a personal access token (a refresh token): exchange it for a short-lived access token
-        if self._access is None or self._access[1] < time.monotonic():
-            body = json.dumps({"refresh": self.token}).encode()
-            req = urllib.request.Request(
-                f"{self.hostname}/api/token/refresh",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=DOWNLOAD_TIMEOUT_S) as r:
-                access = json.loads(r.read())["access"]
-            self._access = (access, time.monotonic() + 240)
-        return f"Bearer {self._access[0]}"
+    def _pin(self, hostname: str, token: str | None) -> None:
+        """Label Studio's address from /setup: the first pins the origin; the token comes with
+        its address and is replaced only by a /setup from the same origin."""
+        try:
+            origin = origin_of(hostname)
+        except ServiceError as exc:
+            raise ServiceError(400, "invalid_hostname", f"/setup's hostname {exc.detail}") from None
+        with self._lock:
+            if self.fetcher.pinned is not None and origin != self.fetcher.pinned:
+                raise ServiceError(
+                    409,
+                    "label_studio_origin_pinned",
+                    f"this backend serves the Label Studio at {self.fetcher.pinned} (the first "
+                    f"/setup), not {origin}; restart it to connect another, or pass "
+                    "--label-studio-url",
+                )
+            self.fetcher.pin(hostname)
+            self.hostname, self.token = hostname, token
 
-    def _url(self, ref: str) -> tuple[str, bool]:
-        """The address of a task's image and whether it is Label Studio's own (auth sent)."""
-        if ref.startswith(("http://", "https://")):
-            ours = self.hostname is not None and ref.startswith(self.hostname + "/")
-            return ref, ours
+    def _auth_header(self) -> str | None:
+        """The ``Authorization`` value for Label Studio (only ever sent to its origin)."""
+        token = self.token
+        if not token:
+            return None
+        if not _is_jwt(token):
+            return f"Token {token}"
+        # a personal access token (a refresh token): exchange it for a short-lived access token
+        with self._token_lock:
+            if (
+                self._access is None
+                or self._access[0] != token
+                or self._access[2] < time.monotonic()
+            ):
+                url = f"{self.hostname}/api/token/refresh"
+                try:
+                    answer = self.fetcher.post_json(url, {"refresh": token})
+                except UpstreamError as exc:
+                    raise UpstreamError(
+                        "Label Studio did not exchange the personal access token for an access "
+                        f"token ({exc.detail}); check --label-studio-api-key and "
+                        "--label-studio-url",
+                        exc.upstream_status,
+                    ) from None
+                access = answer.get("access")
+                if not isinstance(access, str) or not access:
+                    raise UpstreamError(
+                        f"{url}: the answer has no access token", upstream_status=200
+                    )
+                self._access = (token, access, time.monotonic() + ACCESS_TOKEN_S)
+            return f"Bearer {self._access[1]}"
+
+    def _url(self, ref: str) -> str:
+        """The address of a task's image."""
+        if ref[:8].lower().startswith(("http://", "https://")):
+            return ref
         if ref.startswith("/"):
             if self.hostname is None:
                 raise ServiceError(
                     400,
                     "no_label_studio_url",
-                    f"the task's image {ref!r} is a Label Studio path, but Label Studio has not "
-                    "called /setup yet and no --label-studio-url was given",
+                    f"the task's image {ref[:200]!r} is a Label Studio path, but Label Studio "
+                    "has not called /setup yet and no --label-studio-url was given",
                 )
-            return self.hostname + ref, True
+            return self.hostname + ref
         scheme = ref.split(":", 1)[0] if ":" in ref else ""
         raise ServiceError(
             400,
             "unsupported_image_url",
             f"the task's image {ref[:200]!r}: paddle-sam reads images from Label Studio "
-            f"(uploads, local files) or http(s) addresses{', not ' + scheme if scheme else ''}"
+            f"(uploads, local files) or http(s) addresses{', not ' + scheme[:20] if scheme else ''}"
             " (cloud storage: let Label Studio serve it with presigned URLs proxied)",
         )
 
@@ -283,34 +371,15 @@ class LabelStudioBackend:
                 raise ServiceError(
                     400, "invalid_image", "the task's data: URL is not base64"
                 ) from None
-        url, ours = self._url(ref)
-        headers = {"User-Agent": f"paddle-sam/{__version__}"}
-        auth = self._auth_header() if ours else None
-        if auth:
-            headers["Authorization"] = auth
         try:
-            with urllib.request.urlopen(
-                urllib.request.Request(url, headers=headers), timeout=DOWNLOAD_TIMEOUT_S
-            ) as r:
-                data = r.read(self.max_download + 1)
-        except urllib.error.HTTPError as exc:
-            hint = (
-                ": check the token (--label-studio-api-key, or the legacy token Label Studio "
-                "sends at /setup)"
-                if exc.code in (401, 403)
-                else ""
-            )
-            raise ServiceError(
-                502, "image_download_failed", f"{url}: HTTP {exc.code} {exc.reason}{hint}"
-            ) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ServiceError(502, "image_download_failed", f"{url}: {reason}") from None
-        if len(data) > self.max_download:
-            raise ServiceError(
-                413, "image_too_large", f"{url}: above the limit of {self.max_download} bytes"
-            )
-        return data
+            return self.fetcher.get(self._url(ref), self._auth_header)
+        except UpstreamError as exc:
+            if exc.upstream_status in (401, 403):
+                exc.detail += (
+                    ": check the token (--label-studio-api-key, or the legacy token Label "
+                    "Studio sends at /setup)"
+                )
+            raise
 
     # -- the model's side --
 
@@ -419,6 +488,14 @@ class LabelStudioBackend:
         tasks = payload.get("tasks")
         if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
             raise ServiceError(400, "invalid_request", "'tasks' must be a list of task objects")
+        if len(tasks) > self.max_tasks:
+            raise ServiceError(
+                400,
+                "too_many_tasks",
+                f"{len(tasks)} tasks in one request, at most {self.max_tasks} (each is "
+                "downloaded and embedded): select fewer tasks, or start the backend with a "
+                "larger --max-tasks-per-request",
+            )
         project = str(payload.get("project") or "").split(".", 1)[0]
         xml = payload.get("label_config") or self.configs.get(project)
         try:
@@ -429,6 +506,18 @@ class LabelStudioBackend:
         context = params.get("context")
         if context is not None and not isinstance(context, dict):
             raise ServiceError(400, "invalid_context", "params.context must be an object")
+        try:
+            prompt = parse_context(context, 1, 1)  # checked before any download
+        except ValueError as exc:
+            raise ServiceError(400, "invalid_context", str(exc)) from None
+        if prompt.empty and self.service.takes_text and len(config.labels) > self.max_labels:
+            raise ServiceError(
+                400,
+                "too_many_labels",
+                f"pre-labelling prompts every brush label of the config: {len(config.labels)} "
+                f"labels, at most {self.max_labels}; click or type a prompt instead, or start "
+                "the backend with a larger --max-labels-per-task",
+            )
         results = []
         for task in tasks:
             answer = self.predict_task(task, config, context)
@@ -454,6 +543,8 @@ async def _json(request: Request) -> dict:
         payload = await request.json()
     except (ValueError, UnicodeDecodeError):
         raise ServiceError(400, "invalid_json", "the request body is not JSON") from None
+    except RecursionError:
+        raise ServiceError(400, "invalid_json", "the request body is nested too deeply") from None
     if not isinstance(payload, dict):
         raise ServiceError(400, "invalid_json", "the request body must be a JSON object")
     return payload
@@ -461,7 +552,8 @@ async def _json(request: Request) -> dict:
 
 @router.get("/health", summary="Label Studio's health check")
 @router.get("/", include_in_schema=False)
-def health(backend: Backend) -> dict:
+async def health(backend: Backend) -> dict:
+    # on the event loop, not a worker thread: it answers while /predict requests work
     return {
         "status": "UP",
         "model_class": "paddle-sam",
@@ -478,16 +570,25 @@ def health(backend: Backend) -> dict:
 @router.post("/setup", summary="Label Studio connects a project (its labelling config)")
 async def setup(request: Request, backend: Backend) -> dict:
     payload = await _json(request)
-    try:
-        return backend.setup(payload)
-    except ValueError as exc:
-        raise ServiceError(400, "invalid_label_config", str(exc)) from None
+    return backend.setup(payload)
 
 
 @router.post("/predict", summary="predictions for tasks, with the clicks of 'context'")
 async def predict(request: Request, backend: Backend) -> dict:
-    payload = await _json(request)
-    return await run_in_threadpool(backend.predict, payload)
+    if backend.busy >= MAX_PREDICTS + MAX_WAITING:
+        raise ServiceError(
+            503,
+            "busy",
+            f"{backend.busy} predictions are running or waiting; try again shortly",
+            headers={"Retry-After": "5"},
+        )
+    backend.busy += 1
+    try:
+        payload = await _json(request)
+        async with backend.gate():  # waiting here holds no worker thread
+            return await run_in_threadpool(backend.predict, payload)
+    finally:
+        backend.busy -= 1
 
 
 @router.post("/webhook", summary="Label Studio's events (annotations); nothing is trained")
@@ -498,7 +599,7 @@ async def webhook(request: Request) -> dict:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics() -> dict:
+async def metrics() -> dict:
     return {}
 
 

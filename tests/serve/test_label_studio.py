@@ -47,6 +47,16 @@ DEFAULT_MODEL = ROOT / "paddle_sam" / "assets" / "sam_tiny_synthetic.pdparams"
 LS_BIN = ROOT / ".venv-label-studio" / "bin"
 LS_TOKEN = "0123456789abcdef0123456789abcdef01234567"
 
+# Label Studio's default SSRF block list (USE_DEFAULT_BANNED_SUBNETS) without 127.0.0.0/8
+BANNED_BUT_LOOPBACK = [
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
+    "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "233.252.0.0/24", "240.0.0.0/4",
+    "255.255.255.255/32", "::/128", "::1/128", "::ffff:0:0/96", "::ffff:0:0:0/96",
+    "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2001::/32", "2001:20::/28",
+    "2001:db8::/32", "2002::/16", "fc00::/7", "fe80::/10", "ff00::/8",
+]  # fmt: skip
+
 CONFIG = """<View>
   <Image name="image" value="$image"/>
   <BrushLabels name="tag" toName="image">
@@ -256,9 +266,11 @@ class LabelStudio:
         env = {
             **os.environ,
             "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
-            # the backend runs on loopback, which Label Studio refuses by default (SSRF guard)
-            "ML_BLOCK_LOCAL_IP": "false",
-            "SSRF_PROTECTION_ENABLED": "false",
+            # the backend runs on loopback, which Label Studio's SSRF guard refuses (for the ML
+            # backend and the webhook it adds at its /webhook): lift the guard for loopback
+            # only, everything else it refuses stays refused (docs/serve.md)
+            "USE_DEFAULT_BANNED_SUBNETS": "false",
+            "USER_ADDITIONAL_BANNED_SUBNETS": ",".join(BANNED_BUT_LOOPBACK),
             "SENTRY_DSN": "",
             "FRONTEND_SENTRY_DSN": "",
         }
