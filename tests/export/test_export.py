@@ -22,6 +22,7 @@ from paddle_sam.export.sam_v1 import (
     decoder_formulation,
     export_sam,
 )
+from paddle_sam.predict.outputs import MARKER, owned
 from tests.helpers.pairs import image
 from tests.helpers.specs import TINY
 
@@ -55,7 +56,8 @@ def _same(a, b):
 
 def test_files_and_manifest(exported):
     _, d, manifest = exported
-    names = sorted(p.name for p in d.iterdir())
+    names = sorted(p.name for p in d.iterdir() if p.name != MARKER)
+    assert sorted(owned(d)) == names  # every file recorded as paddle-sam's
     assert names == sorted(
         [
             "decoder_image_terms.json",

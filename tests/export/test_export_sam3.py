@@ -27,6 +27,7 @@ from paddle_sam.deploy.sam3 import StaticSam3Processor
 from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam3 import FUSED_KERNEL, PromptDecoder, attention_kernel, export_sam3
 from paddle_sam.loading.sam3 import build_sam3_image_model, load_sam3
+from paddle_sam.predict.outputs import MARKER, owned
 from paddle_sam.predict.sam3.processor import Sam3Processor
 from tests.helpers.sam3_ref import attention_path, run_prompts
 from tests.helpers.specs import tiny_sam3_spec
@@ -118,7 +119,9 @@ def assert_same_results(s: dict, d: dict, name: str) -> None:
 
 def test_files_and_manifest(exported):
     d, manifest = exported
-    assert sorted(p.name for p in d.iterdir()) == sorted(
+    names = sorted(p.name for p in d.iterdir() if p.name != MARKER)
+    assert sorted(owned(d)) == names  # every file recorded as paddle-sam's
+    assert names == sorted(
         ["export.json"] + [f"{p}.{e}" for p in manifest["programs"] for e in ("json", "pdiparams")]
     )
     assert json.loads((d / "export.json").read_text()) == manifest

@@ -21,6 +21,7 @@ from paddle_sam import SamPredictor, build_sam  # noqa: E402
 from paddle_sam.deploy import OnnxSamPredictor  # noqa: E402
 from paddle_sam.deploy.sam_v1 import ExportFormatError  # noqa: E402
 from paddle_sam.export.onnx import export_onnx  # noqa: E402
+from paddle_sam.predict.outputs import MARKER, owned
 from tests.helpers.pairs import image  # noqa: E402
 from tests.helpers.specs import TINY  # noqa: E402
 
@@ -97,7 +98,8 @@ def _io(path):
 
 def test_files_and_interface(exported):
     d, manifest = exported
-    assert sorted(p.name for p in d.iterdir()) == [
+    assert sorted(owned(d)) == sorted(p.name for p in d.iterdir() if p.name != MARKER)
+    assert sorted(p.name for p in d.iterdir() if p.name != MARKER) == [
         "export.json",
         "image_encoder.onnx",
         "image_encoder.quant.onnx",
