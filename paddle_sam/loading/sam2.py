@@ -79,8 +79,8 @@ def build_sam2(
     _, spec = sam2_spec_of(config_file)
     if ckpt_path is not None:
         ckpt_path = Path(ckpt_path)
-        found = checkpoint_spec(ckpt_path)
-        if found != spec:
+        found = checkpoint_spec(ckpt_path, detect=False)
+        if found is not None and found != spec:
             raise CheckpointMismatchError(
                 f"{ckpt_path} holds a SAM 2 of other sizes than {config_file!s}: "
                 f"{_spec_difference(spec, found)}"
@@ -107,10 +107,11 @@ def build_sam2_hf(model_id: str, **kwargs: Any) -> SAM2Base:
     )
 
 
-def checkpoint_spec(checkpoint: str | os.PathLike) -> Sam2Spec:
+def checkpoint_spec(checkpoint: str | os.PathLike, detect: bool = True) -> Sam2Spec | None:
     """The sizes of a SAM 2 checkpoint: a converted file's sidecar (checked against the
     weights' shapes before anything is built), or an official file's detected from its key
-    names and shapes (read without the data)."""
+    names and shapes (read without the data). ``detect`` False: None for an official file
+    of a size that is not a released one (a strict load then checks every key)."""
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
@@ -125,7 +126,12 @@ def checkpoint_spec(checkpoint: str | os.PathLike) -> Sam2Spec:
             f"{checkpoint} has no sidecar {sidecar_path(checkpoint).name}: its sizes are "
             "unknown; convert the official file with 'paddle-sam convert'"
         )
-    return SAM2_SPECS[detect_model_type(load_tensor_shapes(checkpoint))]
+    try:
+        return SAM2_SPECS[detect_model_type(load_tensor_shapes(checkpoint))]
+    except CheckpointMismatchError:
+        if detect:
+            raise
+        return None
 
 
 def load_sam2_weights(model: SAM2Base, path: str | os.PathLike) -> None:
@@ -139,6 +145,7 @@ def load_sam2_weights(model: SAM2Base, path: str | os.PathLike) -> None:
 def load_sam2(checkpoint: str | os.PathLike, apply_postprocessing: bool = True) -> SAM2Base:
     """SAM 2 of the sizes ``checkpoint`` holds (:func:`checkpoint_spec`), strictly loaded."""
     spec = checkpoint_spec(checkpoint)
+    assert spec is not None
     return build_sam2(spec, checkpoint, apply_postprocessing=apply_postprocessing)
 
 
