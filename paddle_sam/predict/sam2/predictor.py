@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import paddle
+from PIL import Image
 
 from ...models.sam2.sam2_base import SAM2Base
 from ...models.sam3.interactive import SAM3InteractiveImagePredictor
@@ -29,11 +30,7 @@ def _as_float_image(image: Any, name: str = "image") -> np.ndarray:
     """``H x W x 3`` float32 in [0, 1] from an RGB uint8 array (scaled by 1/255, as
     torchvision's ``ToTensor``), a float array (kept as it is, as ``ToTensor``) or a PIL
     image; anything else is a ValueError naming the problem."""
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - pillow is a dependency
-        Image = None  # type: ignore[assignment]
-    if Image is not None and isinstance(image, Image.Image):
+    if isinstance(image, Image.Image):
         image = np.asarray(image.convert("RGB") if image.mode != "RGB" else image)
     if not isinstance(image, np.ndarray):
         raise TypeError(
