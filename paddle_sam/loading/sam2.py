@@ -30,6 +30,7 @@ from ..convert.torch_reader import load_tensor_shapes
 from ..models.sam2.build_sam import SAM2_CONFIGS, SAM2_SPECS, Sam2Spec, build_sam2_model
 from ..models.sam2.sam2_base import SAM2Base
 from ..predict.sam2.predictor import SAM2ImagePredictor
+from ..predict.sam2.video_predictor import SAM2VideoPredictor
 
 
 def sam2_spec_of(config: str | os.PathLike | Sam2Spec) -> tuple[str, Sam2Spec]:
@@ -59,6 +60,7 @@ def build_sam2(
     mode: str = "eval",
     hydra_overrides_extra: list[str] | tuple[str, ...] = (),
     apply_postprocessing: bool = True,
+    model_cls: type[SAM2Base] = SAM2Base,
     **kwargs: Any,
 ) -> SAM2Base:
     """Build SAM 2 of ``config_file`` (see :func:`sam2_spec_of`), strictly loading
@@ -66,7 +68,11 @@ def build_sam2(
     config's) when given; random weights otherwise. Upstream's arguments: ``device``
     (``"cuda"`` means Paddle's ``"gpu"``) calls ``paddle.set_device`` when given; ``mode``
     ``"eval"`` or ``"train"``; ``apply_postprocessing`` as upstream (the decoder's dynamic
-    multimask fallback); hydra overrides are not supported (pass a :class:`Sam2Spec`)."""
+    multimask fallback); hydra overrides are not supported (pass a :class:`Sam2Spec`).
+    ``model_cls`` (a :class:`SAM2Base` subclass) gets ``kwargs``; :class:`SAM2Base` takes
+    none."""
+    if model_cls is SAM2Base and kwargs:
+        raise TypeError(f"build_sam2 got unexpected arguments: {sorted(kwargs)}")
     if hydra_overrides_extra:
         raise ValueError(
             "hydra overrides are not supported: pass a Sam2Spec for other sizes "
@@ -86,12 +92,46 @@ def build_sam2(
                 f"{_spec_difference(spec, found)}"
             )
     with declared_parameters(ckpt_path is not None):
-        model = build_sam2_model(spec, apply_postprocessing=apply_postprocessing)
+        model = build_sam2_model(
+            spec, apply_postprocessing=apply_postprocessing, model_cls=model_cls, **kwargs
+        )
     if ckpt_path is not None:
         load_sam2_weights(model, ckpt_path)
     if mode == "train":
         model.train()
     return model
+
+
+def build_sam2_video_predictor(
+    config_file: str | os.PathLike | Sam2Spec,
+    ckpt_path: str | os.PathLike | None = None,
+    device: str | None = None,
+    mode: str = "eval",
+    hydra_overrides_extra: list[str] | tuple[str, ...] = (),
+    apply_postprocessing: bool = True,
+    vos_optimized: bool = False,
+    **kwargs: Any,
+) -> SAM2VideoPredictor:
+    """Upstream's ``build_sam2_video_predictor``: :func:`build_sam2`'s arguments, the model
+    a :class:`SAM2VideoPredictor`. ``apply_postprocessing`` (default) also binarises the
+    masks of clicked frames before their memory is encoded and fills holes of up to 8 pixels
+    in the predictions, as upstream. ``vos_optimized`` (upstream: ``torch.compile``) changes
+    nothing here; ``kwargs`` go to the predictor (``non_overlap_masks``, ``fill_hole_area``,
+    ``clear_non_cond_mem_around_input``, ``add_all_frames_to_correct_as_cond``)."""
+    del vos_optimized
+    extra = {}
+    if apply_postprocessing:
+        extra = {"binarize_mask_from_pts_for_mem_enc": True, "fill_hole_area": 8}
+    return build_sam2(
+        config_file,
+        ckpt_path,
+        device=device,
+        mode=mode,
+        hydra_overrides_extra=hydra_overrides_extra,
+        apply_postprocessing=apply_postprocessing,
+        model_cls=SAM2VideoPredictor,
+        **{**extra, **kwargs},
+    )
 
 
 def _spec_difference(want: Sam2Spec, found: Sam2Spec) -> str:
@@ -157,6 +197,7 @@ def load_sam2_predictor(checkpoint: str | os.PathLike, **kwargs: Any) -> SAM2Ima
 __all__ = [
     "build_sam2",
     "build_sam2_hf",
+    "build_sam2_video_predictor",
     "checkpoint_spec",
     "load_sam2",
     "load_sam2_predictor",

@@ -9,6 +9,7 @@ The registry's names are the official checkpoints' (``sam2.1_hiera_tiny`` is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..common import Spec
 from ..sam3.position_encoding import PositionEmbeddingSine
@@ -170,10 +171,18 @@ SAM2_CONFIGS = {
 }
 
 
-def build_sam2_model(spec: Sam2Spec, apply_postprocessing: bool = True) -> SAM2Base:
+def build_sam2_model(
+    spec: Sam2Spec,
+    apply_postprocessing: bool = True,
+    model_cls: type[SAM2Base] = SAM2Base,
+    **model_kwargs: Any,
+) -> SAM2Base:
     """A SAM 2 model of ``spec`` with fresh (random) weights, in eval mode, ``spec`` attached.
     ``apply_postprocessing``: the decoder's dynamic multimask fallback, as upstream's
-    ``build_sam2`` (on by default)."""
+    ``build_sam2`` (on by default). ``model_cls``: :class:`SAM2Base` or a subclass (the video
+    predictor), given ``model_kwargs`` too."""
+    if not issubclass(model_cls, SAM2Base):
+        raise TypeError(f"model_cls must subclass SAM2Base, got {model_cls!r}")
     d_model, stride, side = 256, 16, spec.image_size // 16
     trunk = Hiera(
         embed_dim=spec.encoder_embed_dim,
@@ -235,7 +244,7 @@ def build_sam2_model(spec: Sam2Spec, apply_postprocessing: bool = True) -> SAM2B
             num_layers=2,
         ),
     )
-    model = SAM2Base(
+    model = model_cls(
         image_encoder=ImageEncoder(trunk=trunk, neck=neck, scalp=1),
         memory_attention=memory_attention,
         memory_encoder=memory_encoder,
@@ -247,6 +256,7 @@ def build_sam2_model(spec: Sam2Spec, apply_postprocessing: bool = True) -> SAM2B
         proj_tpos_enc_in_obj_ptrs=spec.proj_tpos_enc_in_obj_ptrs,
         use_signed_tpos_enc_to_obj_ptrs=spec.use_signed_tpos_enc_to_obj_ptrs,
         sam_mask_decoder_extra_args=POSTPROCESSING_DECODER_ARGS if apply_postprocessing else None,
+        **model_kwargs,
     )
     model.spec = spec
     model.eval()
