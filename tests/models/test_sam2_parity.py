@@ -153,6 +153,20 @@ def test_embedding(predictors) -> None:
     _close(theirs.get_image_embedding().numpy(), mine.get_image_embedding().numpy(), 1e-5, "emb")
 
 
+def test_pil_image(pair, predictors, image) -> None:
+    """A PIL image gives the array's embedding, here as upstream (ToTensor of either)."""
+    from PIL import Image
+
+    ref, ours = pair
+    theirs, mine = official_predictor(ref), SAM2ImagePredictor(ours)
+    theirs.set_image(Image.fromarray(image))
+    mine.set_image(Image.fromarray(image))
+    np.testing.assert_array_equal(
+        mine.get_image_embedding().numpy(), predictors[1].get_image_embedding().numpy()
+    )
+    _close(theirs.get_image_embedding().numpy(), mine.get_image_embedding().numpy(), 1e-5, "pil")
+
+
 def test_batch(pair) -> None:
     """Two images of other sizes (one larger than the model's input: antialiased downsizing)."""
     ref, ours = pair

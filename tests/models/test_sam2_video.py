@@ -3,7 +3,7 @@ upstream's ``build_sam2_video_predictor``) at the reduced size of test_sam2_pari
 four-frame JPEG folder read by both: two objects (clicks, a box, a mask), propagation forwards
 and backwards, a correction click on a tracked frame, removing an object, clearing prompts.
 
-Two CPU facts of the official code, handled here only (docs/design.md): it stores memory
+Two CPU facts of the official code, handled here only: it stores memory
 features as bfloat16 and relies on CUDA autocast, so on the CPU its memory attention gets
 bfloat16 memories that its float32 Linear refuses: they are cast to float32 on the way in
 (values stay bfloat16-rounded, as ours). Its hole filling needs its CUDA extension (skipped
