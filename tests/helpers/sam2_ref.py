@@ -63,6 +63,17 @@ def config_file(version: str = "2.1", size: str = "t") -> str:
     )
 
 
+def ensure_hydra() -> None:
+    """Hydra initialised on sam2's configs, as ``import sam2`` leaves it (a test that cleared
+    it would otherwise break upstream's ``build_sam2`` for the tests after it)."""
+    import sam2  # noqa: F401 - initialises hydra on import
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_module("sam2", version_base="1.2")
+
+
 def official_model(
     config: str, overrides: list[str] | None = None, seed: int = 0, scale: float = 0.05
 ) -> Any:
@@ -72,6 +83,7 @@ def official_model(
     import torch
     from sam2.build_sam import build_sam2
 
+    ensure_hydra()
     torch.manual_seed(seed)
     model = build_sam2(config, None, device="cpu", hydra_overrides_extra=list(overrides or []))
     gen = torch.Generator().manual_seed(seed + 1)

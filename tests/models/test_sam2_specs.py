@@ -12,6 +12,7 @@ import pytest
 
 from paddle_sam.convert import sam2 as convert_sam2
 from paddle_sam.models.sam2.build_sam import SAM2_CONFIGS, SAM2_SPECS, Sam2Spec
+from tests.helpers.sam2_ref import ensure_hydra
 
 yaml = pytest.importorskip("yaml")
 torch = pytest.importorskip("torch")
@@ -77,15 +78,13 @@ def test_spec_matches_upstream_config(name: str) -> None:
 def _official_shapes(name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[int, ...]]:
     """The official model's state-dict shapes, built by upstream's code on the meta device
     (Hiera's drop-path schedule reads ``linspace(...).item()``: that one is made on the CPU)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+    from hydra import compose
     from hydra.utils import instantiate
 
     linspace = torch.linspace
     monkeypatch.setattr(torch, "linspace", lambda *a, **k: linspace(*a, **{**k, "device": "cpu"}))
-    GlobalHydra.instance().clear()
-    with initialize_config_module("sam2", version_base="1.2"):
-        cfg = compose(config_name=SAM2_CONFIGS[name])
+    ensure_hydra()
+    cfg = compose(config_name=SAM2_CONFIGS[name])
     with torch.device("meta"):
         model = instantiate(cfg.model, _recursive_=True)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -22,7 +22,13 @@ from PIL import Image
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.loading.sam2 import build_sam2_video_predictor
 from paddle_sam.predict.sam2.video_predictor import SAM2VideoPredictor
-from tests.helpers.sam2_ref import REDUCED_OVERRIDES, config_file, reduced_spec, save_official
+from tests.helpers.sam2_ref import (
+    REDUCED_OVERRIDES,
+    config_file,
+    ensure_hydra,
+    reduced_spec,
+    save_official,
+)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sam2")
@@ -33,6 +39,7 @@ TOL = 1e-4  # mask logits
 def _official_video_predictor(version: str):
     from sam2.build_sam import build_sam2_video_predictor as build
 
+    ensure_hydra()
     torch.manual_seed(0)
     ref = build(config_file(version), None, device="cpu", hydra_overrides_extra=REDUCED_OVERRIDES)
     gen = torch.Generator().manual_seed(1)
