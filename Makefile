@@ -16,9 +16,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-# test install: the runtime plus torch, segment-anything (reference only), pytest, ruff
+# test install: the runtime plus torch, segment-anything, sam3, sam2 (references only), pytest,
+# ruff; sam2 is a source distribution: SAM2_BUILD_CUDA=0 builds it without its CUDA extension
 $(VENV)/.installed-test: pyproject.toml constraints-test.txt | $(BIN)/python
-	$(BIN)/pip install --quiet -c constraints-test.txt -e '.[test]'
+	SAM2_BUILD_CUDA=0 $(BIN)/pip install --quiet -c constraints-test.txt -e '.[test]'
 	touch $@ $(VENV)/.installed
 
 # training install: the runtime plus pyyaml and matplotlib

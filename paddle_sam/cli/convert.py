@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ..models.sam2.build_sam import SAM2_SPECS
 from ..models.sam_v1.build_sam import SAM_SPECS
 from ..predict.outputs import check_targets, claim
 from .common import check_out_file, check_out_folder, parse_seed
@@ -60,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("dst", help="output .pdparams (a .json sidecar is written next to it)")
     c.add_argument(
         "--model-type",
-        choices=[*types, "sam3"],
+        choices=[*types, *SAM2_SPECS, "sam3"],
         default=None,
         help="default: detected from the weights",
     )

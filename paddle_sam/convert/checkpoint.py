@@ -7,7 +7,8 @@ upcasts to float32 and writes a ``.pdparams`` file plus a JSON sidecar (``<dst>.
 type, spec, source sha256 and layout, converter version). Source layouts: SAM v1 official
 (segment-anything) and HF transformers (``facebook/sam-vit-*``); SAM 3 released (``sam3.pt``)
 and HF transformers (``Sam3Model`` / ``facebook/sam3``: a ``.safetensors`` file, a sharded
-``model.safetensors.index.json`` or the model folder; see :mod:`.sam3_hf`).
+``model.safetensors.index.json`` or the model folder; see :mod:`.sam3_hf`); SAM 2 / 2.1
+official (``sam2_hiera_*.pt``, ``sam2.1_hiera_*.pt``; see :mod:`.sam2`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 import paddle
 
+from ..models.sam2.build_sam import SAM2_SPECS, Sam2Spec
 from ..models.sam3.build_sam3 import SAM3_SPEC, Sam3Spec
 from ..models.sam_v1.build_sam import SAM_SPECS, SamSpec
-from . import sam3, sam3_hf, sam_v1
+from . import sam2, sam3, sam3_hf, sam_v1
 from .core import (
     PADDLE_SUFFIX,
     CheckpointFormatError,
@@ -76,12 +78,13 @@ def convert_checkpoint(
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict:
-    """Convert ``src`` (official/HF SAM v1 or official/HF SAM 3, .pth/.pt or .safetensors; for
-    HF SAM 3 also a sharded ``model.safetensors.index.json`` or the model folder) to ``dst``
-    (.pdparams).
+    """Convert ``src`` (official/HF SAM v1, official SAM 2 / 2.1 or official/HF SAM 3,
+    .pth/.pt or .safetensors; for HF SAM 3 also a sharded ``model.safetensors.index.json`` or
+    the model folder) to ``dst`` (.pdparams).
 
-    ``model_type`` (vit_b / vit_l / vit_h / sam3) is detected from the weights when omitted;
-    give ``spec`` (a ``SamSpec`` or ``Sam3Spec``) instead for a custom size. Refuses to
+    ``model_type`` (vit_b / vit_l / vit_h / sam2.1_hiera_tiny ... / sam3) is detected from
+    the weights when omitted; give ``spec`` (a ``SamSpec``, ``Sam2Spec`` or ``Sam3Spec``)
+    instead for a custom size. Refuses to
     overwrite ``dst`` unless ``overwrite``. Returns the sidecar metadata written next to ``dst``.
     """
     src, dst = Path(src), Path(dst)
@@ -110,9 +113,23 @@ def convert_checkpoint(
     if source.family is None:  # a legacy pickle: its key names only now
         hf_sam3 = sam3_hf.is_hf_sam3_layout(state)
         looks_sam3 = hf_sam3 or sam3.is_sam3_checkpoint(state)
+        looks_sam2 = sam2.is_sam2_checkpoint(state)
     else:
         looks_sam3 = source.family == "sam3"
+        looks_sam2 = source.family == "sam2"
         hf_sam3 = looks_sam3 and source.layout == "hf"
+    wants_sam2 = model_type in SAM2_SPECS or isinstance(spec, Sam2Spec)
+    if wants_sam2 or (looks_sam2 and model_type is None and spec is None):
+        if not looks_sam2:
+            raise CheckpointMismatchError(
+                f"{src}: not a SAM 2 checkpoint (no '{sam2.PATCH_EMBED_KEY}' key)"
+            )
+        return _convert_sam2(src, dst, state, model_type, spec, progress)
+    if looks_sam2:
+        raise CheckpointMismatchError(
+            f"--model-type {model_type} does not match the checkpoint, which is SAM 2 "
+            f"(one of {', '.join(SAM2_SPECS)})"
+        )
     wants_sam3 = model_type == "sam3" or (spec is not None and not isinstance(spec, SamSpec))
     if wants_sam3 or (looks_sam3 and model_type is None and spec is None):
         return _convert_sam3(src, dst, state, model_type, spec, progress, hf=hf_sam3)
@@ -188,6 +205,30 @@ def _convert_sam3(
     return meta
 
 
+def _convert_sam2(
+    src: Path, dst: Path, state: dict, model_type: str | None, spec: Any, progress: bool
+) -> dict:
+    """SAM 2 / 2.1: the size detected from the weights (or ``model_type`` / ``spec``, checked
+    against them), every key converted strictly, written with its sidecar."""
+    if spec is None:
+        detected = sam2.detect_model_type({k: tuple(np.shape(v)) for k, v in state.items()})
+        if model_type not in (None, detected):
+            raise CheckpointMismatchError(
+                f"--model-type {model_type} does not match {src}, which looks like {detected}"
+            )
+        model_type, spec = detected, SAM2_SPECS[detected]
+    elif model_type is not None and SAM2_SPECS.get(model_type) != spec:
+        raise ValueError(
+            f"model type {model_type} contradicts the given spec; pass one or the other"
+        )
+    model_type = model_type or "custom"
+    converted = sam2.convert_state_dict(state, spec, consume=True, where=f"{src}: ")
+    source = {"file": src.name, "sha256": sha256_file(src, progress), "layout": "official"}
+    meta = sidecar_meta("sam2", model_type, spec, source)
+    save_pdparams(converted, dst, meta)
+    return meta
+
+
 def _source_hashes(src: Path, progress: bool) -> dict:
     """``{"sha256": ...}`` of a file; of a folder or sharded index, the index's (or the single
     ``model.safetensors``'s) plus ``"shards": {name: sha256}``."""
@@ -213,6 +254,18 @@ def read_sam_v1_weights(path: str | os.PathLike, spec: SamSpec) -> dict[str, np.
     if path.suffix != PADDLE_SUFFIX:
         # an official .pth / .safetensors: convert in memory, with the same strict checks
         return sam_v1.convert_state_dict(load_state_dict(path), spec)
+    return read_pdparams(path)
+
+
+def read_sam2_weights(path: str | os.PathLike, spec: Sam2Spec) -> dict[str, np.ndarray]:
+    """Paddle-layout float32 weights for ``spec`` from a ``.pdparams`` or an official SAM 2
+    file (converted in memory, without torch, with the same strict checks)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix != PADDLE_SUFFIX:
+        state = load_state_dict(path)
+        return sam2.convert_state_dict(state, spec, consume=True, where=f"{path}: ")
     return read_pdparams(path)
 
 
@@ -255,7 +308,7 @@ def read_sam3_tracker_weights(
 
 
 def detect_family(checkpoint: str | os.PathLike) -> str | None:
-    """``"sam3"``, ``"sam_v1"`` or None (cannot tell cheaply) for a checkpoint file: the
+    """``"sam3"``, ``"sam2"``, ``"sam_v1"`` or None (cannot tell cheaply) for a checkpoint file: the
     family :func:`~.source.sniff` finds (a sidecar, or key names read without the weights)."""
     path = Path(checkpoint)
     if not path.is_file():
@@ -336,10 +389,27 @@ def _sam3_floor(s: Sam3Spec) -> tuple[int, int]:
     return params + rope, tensors
 
 
-def model_floor(spec: SamSpec | Sam3Spec) -> tuple[int, int]:
+def _sam2_floor(s: Sam2Spec) -> tuple[int, int]:
+    """Lower bounds of (parameters, weight tensors) of the SAM 2 model of ``s``: its trunk
+    (at least 11 w^2 per block of width w), its memory attention and the decoder's MLPs."""
+    widths = [s.encoder_embed_dim * 2**i for i in range(4)]
+    trunk = sum(n * 11 * w * w for n, w in zip(s.encoder_stages, widths, strict=True))
+    memory = s.memory_attention_layers * (
+        6 * 256 * 256 + 2 * 256 * s.memory_attention_dim_feedforward
+    )
+    decoder = 2 * 2 * 256 * 2048
+    tensors = 12 * sum(s.encoder_stages) + 26 * s.memory_attention_layers
+    return trunk + memory + decoder, tensors
+
+
+def model_floor(spec: SamSpec | Sam2Spec | Sam3Spec) -> tuple[int, int]:
     """Lower bounds of (elements, weight tensors) of the model of ``spec``, from the spec alone
     (nothing is built)."""
-    return _sam_v1_floor(spec) if isinstance(spec, SamSpec) else _sam3_floor(spec)
+    if isinstance(spec, SamSpec):
+        return _sam_v1_floor(spec)
+    if isinstance(spec, Sam2Spec):
+        return _sam2_floor(spec)
+    return _sam3_floor(spec)
 
 
 def weight_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
@@ -376,7 +446,7 @@ def _layout_mismatch(
 def checked_sidecar_spec(
     checkpoint: str | os.PathLike,
     meta: dict,
-    spec_cls: type[SamSpec] | type[Sam3Spec],
+    spec_cls: type[SamSpec] | type[Sam2Spec] | type[Sam3Spec],
     *,
     enable_inst_interactivity: bool = False,
 ) -> Any:
@@ -409,6 +479,8 @@ def checked_sidecar_spec(
     try:
         if isinstance(spec, SamSpec):
             expected = sam_v1.expected_layout(spec)[0]
+        elif isinstance(spec, Sam2Spec):
+            expected = sam2.expected_layout(spec)[0]
         else:
             expected = sam3.expected_layout(spec, enable_inst_interactivity)
             skip = tuple(
@@ -433,6 +505,7 @@ __all__ = [
     "checked_sidecar_spec",
     "convert_checkpoint",
     "detect_family",
+    "read_sam2_weights",
     "read_sam3_weights",
     "read_sam_v1_weights",
     "resolve_spec",

@@ -410,15 +410,15 @@ def sidecar_spec(path: str | os.PathLike, meta: dict, spec_cls: type[SpecT]) -> 
 
 
 def sidecar_family(meta: dict | None) -> str | None:
-    """``"sam3"`` or ``"sam_v1"`` from a sidecar (:func:`sidecar_meta`'s ``format``; older
-    sidecars without it by their ``model_type``, which only SAM 3's converter set to
-    ``"sam3"``), or None without a sidecar. A trained model's ``model_type`` is its run's name,
-    so the format decides when there is one."""
+    """``"sam3"``, ``"sam2"`` or ``"sam_v1"`` from a sidecar (:func:`sidecar_meta`'s
+    ``format``; older sidecars without it by their ``model_type``, which only SAM 3's converter
+    set to ``"sam3"``), or None without a sidecar. A trained model's ``model_type`` is its
+    run's name, so the format decides when there is one."""
     if meta is None:
         return None
     fmt = meta.get("format")
     if fmt is not None:
-        return "sam3" if fmt == "paddle-sam/sam3" else "sam_v1"
+        return {"paddle-sam/sam3": "sam3", "paddle-sam/sam2": "sam2"}.get(fmt, "sam_v1")
     if "model_type" not in meta:
         return None
     return "sam3" if meta["model_type"] == "sam3" else "sam_v1"
@@ -427,8 +427,8 @@ def sidecar_family(meta: dict | None) -> str | None:
 def sidecar_meta(
     family: str, model_type: str, spec: Any, source: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
-    """The sidecar of a model of ``family`` (``sam_v1`` / ``sam3``): what it is, its spec,
-    where its weights came from, and which converter and Paddle wrote it."""
+    """The sidecar of a model of ``family`` (``sam_v1`` / ``sam2`` / ``sam3``): what it is, its
+    spec, where its weights came from, and which converter and Paddle wrote it."""
     return {
         "format": f"paddle-sam/{family}",
         "model_type": model_type,

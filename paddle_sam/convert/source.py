@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import sam3, sam3_hf
+from . import sam2, sam3, sam3_hf
 from .core import PADDLE_SUFFIX, pdparams_shapes, read_sidecar, sidecar_family
 from .torch_reader import read_zip_pickle
 
 #: families this package reads
-FAMILIES = ("sam_v1", "sam3")
+FAMILIES = ("sam_v1", "sam2", "sam3")
 
 #: what a source can hold: ``image`` (an image model), ``clicks`` (point / box prompts for one
-#: object: SAM v1, or SAM 3's tracker heads), ``text`` (SAM 3 concept prompts and exemplar
-#: boxes), ``video`` (SAM 3's whole video tracker: memory encoder, memory attention, pointers)
+#: object: SAM v1, SAM 2, or SAM 3's tracker heads), ``text`` (SAM 3 concept prompts and
+#: exemplar boxes), ``video`` (SAM 3's whole video tracker, or SAM 2's memory: memory encoder,
+#: memory attention, pointers)
 PARTS = ("image", "clicks", "text", "video")
 
 #: the file an export folder describes itself in (``format``, ``version``, programs)
@@ -34,7 +35,7 @@ EXPORT_MANIFEST = "export.json"
 #: runtimes: the dynamic model, or an export folder's
 RUNTIMES = ("dynamic", "paddle-inference", "onnxruntime")
 
-_FAMILY_NAMES = {"sam_v1": "SAM v1", "sam3": "SAM 3"}
+_FAMILY_NAMES = {"sam_v1": "SAM v1", "sam2": "SAM 2", "sam3": "SAM 3"}
 _PART_NAMES = {
     "image": "image model",
     "clicks": "clicks",
@@ -50,9 +51,10 @@ class Source:
     ``layout``: ``"pdparams"`` (written by ``paddle-sam convert`` or ``train``),
     ``"official"`` (an upstream ``.pth`` / ``.pt`` / ``.safetensors``), ``"hf"`` (HF
     transformers: a ``.safetensors``, a sharded index or a model folder) or ``"export"`` (a
-    ``paddle-sam export`` folder). ``family``: ``"sam_v1"``, ``"sam3"`` or None where a cheap
-    look cannot tell (a legacy pickle, a ``.pdparams`` without its sidecar). ``parts``: what
-    it holds, of :data:`PARTS`; ``meta``: its sidecar or export manifest (``{}`` if none).
+    ``paddle-sam export`` folder). ``family``: ``"sam_v1"``, ``"sam2"``, ``"sam3"`` or None
+    where a cheap look cannot tell (a legacy pickle, a ``.pdparams`` without its sidecar).
+    ``parts``: what it holds, of :data:`PARTS`; ``meta``: its sidecar or export manifest
+    (``{}`` if none).
     """
 
     path: Path
@@ -109,6 +111,8 @@ def sniff(path: str | os.PathLike, family: str | None = None) -> Source:
 # an HF SAM 3 has no tracker in the released layout (not mapped): no clicks, no video
 _SAM3_HF_PARTS = frozenset({"image", "text"})
 _SAM_V1_PARTS = frozenset({"image", "clicks"})
+# SAM 2's state dict is one model: image encoder, SAM heads and the video memory together
+_SAM2_PARTS = frozenset({"image", "clicks", "video"})
 
 
 def _sam3_parts(keys: Any, *, clicks: bool | None = None) -> frozenset[str]:
@@ -131,6 +135,8 @@ def _sniff_pdparams(path: Path, family: str | None) -> Source:
         return Source(
             path, "pdparams", "sam_v1", parts=_SAM_V1_PARTS, model_type=model_type, meta=meta
         )
+    if found == "sam2" or (found is None and family == "sam2"):
+        return Source(path, "pdparams", "sam2", parts=_SAM2_PARTS, model_type=model_type, meta=meta)
     if found == "sam3" or (found is None and family == "sam3"):
         # key names from the pickle, without the data; a file the reader refuses is left to
         # the loader's error (the parts are then the image model's only)
@@ -151,6 +157,7 @@ _HF_SAM3_NEEDLES = (
 )
 _CLICKS_NEEDLE = (sam3.TRACKER_PREFIX + "sam_mask_decoder.").encode()
 _VIDEO_NEEDLE = (sam3.TRACKER_PREFIX + "maskmem_backbone.").encode()
+_SAM2_NEEDLE = sam2.PATCH_EMBED_KEY.encode()
 
 
 def _sniff_official(path: Path, family: str | None) -> Source:
@@ -164,11 +171,15 @@ def _sniff_official(path: Path, family: str | None) -> Source:
         found = (sidecar_family(sidecar) if sidecar else None) or family
         if found == "sam3" and path.suffix.lower() == ".safetensors":  # only HF ships these
             return Source(path, "hf", "sam3", parts=_SAM3_HF_PARTS, model_type="sam3", meta=sidecar)
-        parts = {"sam_v1": _SAM_V1_PARTS, "sam3": frozenset(PARTS)}.get(found or "", frozenset())
+        parts = {"sam_v1": _SAM_V1_PARTS, "sam2": _SAM2_PARTS, "sam3": frozenset(PARTS)}.get(
+            found or "", frozenset()
+        )
         model_type = "sam3" if found == "sam3" else None
         return Source(path, "official", found, parts=parts, model_type=model_type, meta=sidecar)
     if any(n in names for n in _HF_SAM3_NEEDLES):
         return Source(path, "hf", "sam3", parts=_SAM3_HF_PARTS, model_type="sam3", meta=sidecar)
+    if _SAM2_NEEDLE in names:
+        return Source(path, "official", "sam2", parts=_SAM2_PARTS, meta=sidecar)
     if _SAM3_NEEDLE in names:
         parts = {"image", "text"}
         if _CLICKS_NEEDLE in names:

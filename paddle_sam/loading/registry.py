@@ -322,6 +322,12 @@ def _family(source: Source) -> Family:
             f"{source.path.name}.json next to it, and no key names readable without loading "
             "it); pass --model-type"
         )
+    if source.family not in FAMILIES:  # read by the converter and the Python API only
+        raise SourceRefused(
+            f"{source.path} is {source.describe()}: this command does not take SAM 2 models "
+            "yet; use the Python API (paddle_sam.loading.sam2: build_sam2, "
+            "load_sam2_predictor) or paddle-sam convert"
+        )
     return FAMILIES[source.family]
 
 
@@ -372,6 +378,8 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
 
 def video_refusal(source: Source) -> str | None:
     """Why ``source`` has no video mode, or None when it has one."""
+    if source.family is not None and source.family not in FAMILIES:
+        return f"{source.path} is {source.describe()}: video from this command needs SAM 3"
     if source.family is not None and FAMILIES[source.family].video_predictor is None:
         return f"{source.path} is {source.describe()}: video needs SAM 3 with its video tracker"
     if source.exported:

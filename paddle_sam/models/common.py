@@ -162,7 +162,8 @@ class LayerNorm2d(nn.Layer):
 
 
 class MLP(nn.Layer):
-    """``num_layers`` Linear layers with ReLU between them (upstream: mask_decoder.MLP)."""
+    """``num_layers`` Linear layers with an activation (ReLU unless ``activation`` is given)
+    between them (upstream: mask_decoder.MLP; SAM 2's sam2_utils.MLP takes ``activation``)."""
 
     def __init__(
         self,
@@ -171,6 +172,7 @@ class MLP(nn.Layer):
         output_dim: int,
         num_layers: int,
         sigmoid_output: bool = False,
+        activation: type[nn.Layer] | None = None,
     ) -> None:
         super().__init__()
         self.num_layers = num_layers
@@ -179,10 +181,11 @@ class MLP(nn.Layer):
             Linear(n, k) for n, k in zip([input_dim] + h, h + [output_dim], strict=True)
         )
         self.sigmoid_output = sigmoid_output
+        self.act = nn.functional.relu if activation is None else activation()
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         for i, layer in enumerate(self.layers):
-            x = nn.functional.relu(layer(x)) if i < self.num_layers - 1 else layer(x)
+            x = self.act(layer(x)) if i < self.num_layers - 1 else layer(x)
         if self.sigmoid_output:
             x = nn.functional.sigmoid(x)
         return x

@@ -143,6 +143,7 @@ class Sam3TrackerBase(Sam3TrackerHeads):
         self.no_mem_pos_enc = param([1, 1, hidden_dim])
         self.sigmoid_scale_for_mem_enc = 20.0
         self.sigmoid_bias_for_mem_enc = -10.0
+        self.binarize_mask_from_pts_for_mem_enc = True  # masks from clicks: binarised
         self.non_overlap_masks_for_mem_enc = non_overlap_masks_for_mem_enc
         self.memory_temporal_stride_for_eval = memory_temporal_stride_for_eval
         self.multimask_output_in_sam = multimask_output_in_sam
@@ -417,17 +418,44 @@ class Sam3TrackerBase(Sam3TrackerHeads):
             prompt_pos.append(obj_pos)
             num_obj_ptr_tokens = obj_ptrs.shape[0]
 
-        encoder_out = self.transformer.encoder(
-            src=current_vision_feats,
+        out = self._attend_memory(
+            current_vision_feats,
+            current_vision_pos_embeds,
+            paddle.concat(prompts, axis=0),
+            paddle.concat(prompt_pos, axis=0),
+            feat_sizes,
+            num_obj_ptr_tokens,
+        )
+        return _seq_to_map(out, (h, w))
+
+    def _attend_memory(
+        self,
+        curr: list[paddle.Tensor],
+        curr_pos: list[paddle.Tensor],
+        memory: paddle.Tensor,
+        memory_pos: paddle.Tensor,
+        feat_sizes: list[tuple[int, int]],
+        num_obj_ptr_tokens: int,
+    ) -> paddle.Tensor:
+        """The memory attention (``transformer.encoder``): the current frame's tokens
+        (``[HW x B x C]``) attended to the memory bank ``M x B x mem_dim`` (its last
+        ``num_obj_ptr_tokens`` tokens object pointers) -> ``HW x B x C``."""
+        out = self.transformer.encoder(
+            src=curr,
             src_key_padding_mask=[None],
-            src_pos=current_vision_pos_embeds,
-            prompt=paddle.concat(prompts, axis=0),
-            prompt_pos=paddle.concat(prompt_pos, axis=0),
+            src_pos=curr_pos,
+            prompt=memory,
+            prompt_pos=memory_pos,
             prompt_key_padding_mask=None,
             feat_sizes=feat_sizes,
             num_obj_ptr_tokens=num_obj_ptr_tokens,
         )
-        return _seq_to_map(encoder_out["memory"], (h, w))
+        return out["memory"]
+
+    def _encode_memory(self, pix_feat: paddle.Tensor, mask_for_mem: paddle.Tensor) -> dict:
+        """The memory encoder (``maskmem_backbone``) of features and a mask already squashed,
+        scaled and shifted -> ``vision_features`` and ``vision_pos_enc``."""
+        return self.maskmem_backbone(pix_feat, mask_for_mem, skip_mask_sigmoid=True)
 
     def _apply_non_overlapping_constraints(self, pred_masks: paddle.Tensor) -> paddle.Tensor:
         """Keep, at each pixel, only the highest-scoring object; others clamped to <= -10."""
@@ -451,7 +479,7 @@ class Sam3TrackerBase(Sam3TrackerHeads):
         pix_feat = _seq_to_map(current_vision_feats[-1], feat_sizes[-1])
         if self.non_overlap_masks_for_mem_enc:
             pred_masks_high_res = self._apply_non_overlapping_constraints(pred_masks_high_res)
-        if is_mask_from_pts:
+        if is_mask_from_pts and self.binarize_mask_from_pts_for_mem_enc:
             mask_for_mem = (pred_masks_high_res > 0).astype("float32")
         else:
             mask_for_mem = nn.functional.sigmoid(pred_masks_high_res)
@@ -459,12 +487,12 @@ class Sam3TrackerBase(Sam3TrackerHeads):
             mask_for_mem = mask_for_mem * self.sigmoid_scale_for_mem_enc
         if self.sigmoid_bias_for_mem_enc != 0.0:
             mask_for_mem = mask_for_mem + self.sigmoid_bias_for_mem_enc
-        out = self.maskmem_backbone(pix_feat, mask_for_mem, skip_mask_sigmoid=True)
+        out = self._encode_memory(pix_feat, mask_for_mem)
         feats = out["vision_features"]
-        absent = 1 - (object_score_logits > 0).astype(feats.dtype)  # B x 1
-        feats = feats + absent.unsqueeze(-1).unsqueeze(-1) * self.no_obj_embed_spatial.unsqueeze(
-            -1
-        ).unsqueeze(-1)
+        if self.no_obj_embed_spatial is not None:  # None: SAM 2.0
+            absent = 1 - (object_score_logits > 0).astype(feats.dtype)  # B x 1
+            no_obj = self.no_obj_embed_spatial.unsqueeze(-1).unsqueeze(-1)
+            feats = feats + absent.unsqueeze(-1).unsqueeze(-1) * no_obj
         return feats, list(out["vision_pos_enc"])
 
     # ------------------------------------------------------------------ one frame

@@ -1,0 +1,249 @@
+"""Hiera, SAM 2's hierarchical image trunk (upstream: sam2/modeling/backbones/hieradet.py and
+backbones/utils.py).
+
+Four stages of transformer blocks at strides 4, 8, 16 and 32; the first block of each later
+stage halves the grid by max-pooling its queries (``q_pool``) and doubles the width and the
+heads. Blocks attend within windows (``window_spec``, one size per stage) except the
+``global_att_blocks``. The position embedding is a background embedding resized (bicubic) to
+the grid plus a window embedding tiled over it. Module and parameter names are upstream's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+
+from ..common import MLP, Linear
+from ..sam3.model_misc import attend_in_row_blocks
+
+
+def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor, tuple[int, int]]:
+    """``B x H x W x C`` -> windows ``(B * nW) x ws x ws x C`` (zero-padded to whole windows)
+    and the padded size ``(Hp, Wp)``."""
+    b, h, w, c = x.shape
+    pad_h = (window_size - h % window_size) % window_size
+    pad_w = (window_size - w % window_size) % window_size
+    if pad_h > 0 or pad_w > 0:
+        x = F.pad(x, [0, pad_w, 0, pad_h], data_format="NHWC")  # W, then H
+    hp, wp = h + pad_h, w + pad_w
+    x = x.reshape([b, hp // window_size, window_size, wp // window_size, window_size, c])
+    windows = x.transpose([0, 1, 3, 2, 4, 5]).reshape([-1, window_size, window_size, c])
+    return windows, (hp, wp)
+
+
+def window_unpartition(
+    windows: paddle.Tensor, window_size: int, pad_hw: tuple[int, int], hw: tuple[int, int]
+) -> paddle.Tensor:
+    """Windows ``(B * nW) x ws x ws x C`` -> ``B x H x W x C`` (padding removed)."""
+    hp, wp = pad_hw
+    h, w = hw
+    b = windows.shape[0] // (hp * wp // window_size // window_size)
+    x = windows.reshape([b, hp // window_size, wp // window_size, window_size, window_size, -1])
+    x = x.transpose([0, 1, 3, 2, 4, 5]).reshape([b, hp, wp, -1])
+    if hp > h or wp > w:
+        x = x[:, :h, :w, :]
+    return x
+
+
+class PatchEmbed(nn.Layer):
+    """Image ``B x 3 x H x W`` -> patches ``B x H/4 x W/4 x C`` (a 7 x 7 stride-4 conv)."""
+
+    def __init__(
+        self,
+        kernel_size: Sequence[int] = (7, 7),
+        stride: Sequence[int] = (4, 4),
+        padding: Sequence[int] = (3, 3),
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
+        super().__init__()
+        self.proj = nn.Conv2D(
+            in_chans, embed_dim, kernel_size=kernel_size, stride=stride, padding=padding
+        )
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.proj(x).transpose([0, 2, 3, 1])
+
+
+def do_pool(x: paddle.Tensor, pool: nn.Layer | None, norm: nn.Layer | None = None) -> paddle.Tensor:
+    """``pool`` (channels first) of a ``B x H x W x C`` map."""
+    if pool is None:
+        return x
+    x = pool(x.transpose([0, 3, 1, 2])).transpose([0, 2, 3, 1])
+    if norm:
+        x = norm(x)
+    return x
+
+
+class MultiScaleAttention(nn.Layer):
+    """Multi-head attention over a ``B x H x W x C`` map, queries optionally pooled."""
+
+    def __init__(
+        self, dim: int, dim_out: int, num_heads: int, q_pool: nn.Layer | None = None
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.dim_out = dim_out
+        self.num_heads = num_heads
+        self.q_pool = q_pool
+        self.qkv = Linear(dim, dim_out * 3)
+        self.proj = Linear(dim_out, dim_out)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        b, h, w, _ = x.shape
+        heads = self.num_heads
+        qkv = self.qkv(x).reshape([b, h * w, 3, heads, -1])
+        q, k, v = paddle.unbind(qkv, axis=2)  # each B x HW x heads x d
+        if self.q_pool is not None:
+            q = do_pool(q.reshape([b, h, w, -1]), self.q_pool)
+            h, w = q.shape[1], q.shape[2]
+            q = q.reshape([b, h * w, heads, -1])
+        q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))  # B x heads x N x d
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        x = attend_in_row_blocks(q * scale, k, v)  # B x heads x N x d
+        x = x.transpose([0, 2, 1, 3]).reshape([b, h, w, -1])
+        return self.proj(x)
+
+
+class MultiScaleBlock(nn.Layer):
+    """Pre-norm block (LayerNorm eps 1e-6): windowed or global attention, with query pooling
+    and a projected, pooled shortcut where the width changes; then a GELU MLP."""
+
+    def __init__(
+        self,
+        dim: int,
+        dim_out: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        q_stride: tuple[int, int] | None = None,
+        window_size: int = 0,
+    ) -> None:
+        super().__init__()
+        self.dim = dim
+        self.dim_out = dim_out
+        self.norm1 = nn.LayerNorm(dim, epsilon=1e-6)
+        self.window_size = window_size
+        self.pool, self.q_stride = None, q_stride
+        if self.q_stride:
+            self.pool = nn.MaxPool2D(kernel_size=q_stride, stride=q_stride, ceil_mode=False)
+        self.attn = MultiScaleAttention(dim, dim_out, num_heads=num_heads, q_pool=self.pool)
+        self.norm2 = nn.LayerNorm(dim_out, epsilon=1e-6)
+        self.mlp = MLP(dim_out, int(dim_out * mlp_ratio), dim_out, 2, activation=nn.GELU)
+        if dim != dim_out:
+            self.proj = Linear(dim, dim_out)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        shortcut = x  # B x H x W x C
+        x = self.norm1(x)
+        if self.dim != self.dim_out:
+            shortcut = do_pool(self.proj(x), self.pool)
+        window_size = self.window_size
+        h, w = x.shape[1], x.shape[2]
+        pad_hw = (h, w)
+        if window_size > 0:
+            x, pad_hw = window_partition(x, window_size)
+        x = self.attn(x)
+        if self.q_stride:  # the grid shrank with the pooled queries
+            window_size = self.window_size // self.q_stride[0]
+            h, w = shortcut.shape[1], shortcut.shape[2]
+            pad_h = (window_size - h % window_size) % window_size if window_size else 0
+            pad_w = (window_size - w % window_size) % window_size if window_size else 0
+            pad_hw = (h + pad_h, w + pad_w)
+        if self.window_size > 0:
+            x = window_unpartition(x, window_size, pad_hw, (h, w))
+        x = shortcut + x
+        return x + self.mlp(self.norm2(x))
+
+
+class Hiera(nn.Layer):
+    """The trunk: image ``B x 3 x H x W`` -> one ``B x C_i x H_i x W_i`` map per stage (finest
+    first; only the last one without ``return_interm_layers``)."""
+
+    def __init__(
+        self,
+        embed_dim: int = 96,
+        num_heads: int = 1,
+        q_pool: int = 3,
+        q_stride: tuple[int, int] = (2, 2),
+        stages: Sequence[int] = (2, 3, 16, 3),
+        dim_mul: float = 2.0,
+        head_mul: float = 2.0,
+        window_pos_embed_bkg_spatial_size: Sequence[int] = (14, 14),
+        window_spec: Sequence[int] = (8, 4, 14, 7),
+        global_att_blocks: Sequence[int] | None = (12, 16, 20),
+        return_interm_layers: bool = True,
+    ) -> None:
+        super().__init__()
+        if len(stages) != len(window_spec):
+            raise ValueError(f"{len(stages)} stages but {len(window_spec)} window sizes")
+        self.window_spec = tuple(window_spec)
+        depth = sum(stages)
+        self.q_stride = tuple(q_stride)
+        self.stage_ends = [sum(stages[:i]) - 1 for i in range(1, len(stages) + 1)]
+        if not 0 <= q_pool <= len(self.stage_ends[:-1]):
+            raise ValueError(f"q_pool {q_pool} outside 0..{len(self.stage_ends) - 1}")
+        self.q_pool_blocks = [x + 1 for x in self.stage_ends[:-1]][:q_pool]
+        self.return_interm_layers = return_interm_layers
+        self.patch_embed = PatchEmbed(embed_dim=embed_dim)
+        self.global_att_blocks = tuple(global_att_blocks or ())
+        self.window_pos_embed_bkg_spatial_size = tuple(window_pos_embed_bkg_spatial_size)
+        zeros = nn.initializer.Constant(0.0)
+        self.pos_embed = self.create_parameter(
+            [1, embed_dim, *self.window_pos_embed_bkg_spatial_size], default_initializer=zeros
+        )
+        ws0 = self.window_spec[0]
+        self.pos_embed_window = self.create_parameter(
+            [1, embed_dim, ws0, ws0], default_initializer=zeros
+        )
+        cur_stage = 1
+        blocks = []
+        for i in range(depth):
+            dim_out = embed_dim
+            # the first block of a stage keeps the previous stage's window size
+            window_size = self.window_spec[cur_stage - 1]
+            if i in self.global_att_blocks:
+                window_size = 0
+            if i - 1 in self.stage_ends:
+                dim_out = int(embed_dim * dim_mul)
+                num_heads = int(num_heads * head_mul)
+                cur_stage += 1
+            blocks.append(
+                MultiScaleBlock(
+                    dim=embed_dim,
+                    dim_out=dim_out,
+                    num_heads=num_heads,
+                    q_stride=self.q_stride if i in self.q_pool_blocks else None,
+                    window_size=window_size,
+                )
+            )
+            embed_dim = dim_out
+        self.blocks = nn.LayerList(blocks)
+        self.channel_list = (
+            [self.blocks[i].dim_out for i in self.stage_ends[::-1]]
+            if return_interm_layers
+            else [self.blocks[-1].dim_out]
+        )
+
+    def _get_pos_embed(self, hw: tuple[int, int]) -> paddle.Tensor:
+        """``1 x H x W x C``: the background embedding resized (bicubic, half-pixel) plus the
+        window embedding tiled."""
+        h, w = hw
+        pos_embed = F.interpolate(self.pos_embed, size=[h, w], mode="bicubic", align_corners=False)
+        window = self.pos_embed_window
+        reps = [a // b for a, b in zip(pos_embed.shape, window.shape, strict=True)]
+        pos_embed = pos_embed + window.tile(reps)
+        return pos_embed.transpose([0, 2, 3, 1])
+
+    def forward(self, x: paddle.Tensor) -> list[paddle.Tensor]:
+        x = self.patch_embed(x)  # B x H x W x C
+        x = x + self._get_pos_embed((x.shape[1], x.shape[2]))
+        outputs = []
+        for i, blk in enumerate(self.blocks):
+            x = blk(x)
+            if i == self.stage_ends[-1] or (i in self.stage_ends and self.return_interm_layers):
+                outputs.append(x.transpose([0, 3, 1, 2]))
+        return outputs
