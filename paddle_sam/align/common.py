@@ -205,37 +205,51 @@ def submodule(model: Any, name: str) -> Any:
 
 
 class _Recorder:
-    """Forward hooks on labelled modules of one side (torch or paddle): each call's output
-    tensors as numpy arrays, in call order; a label called twice in one stage gets ``#2``."""
+    """Records the outputs of labelled modules of one side (torch or paddle): each call's
+    output tensors as numpy arrays, in call order; a label called twice in one stage gets
+    ``#2``. The module's ``forward`` is wrapped on the instance rather than hooked, so that a
+    module its parent calls as ``module.forward(...)`` (sam3's vision backbone) is seen too."""
 
     def __init__(self, modules: dict[str, list[Any]]) -> None:
         self.records: list[tuple[str, np.ndarray]] = []
         self.prefix = ""
+        self.paused = False
         self._calls: dict[str, int] = {}
-        self.handles = []
+        self._wrapped: list[tuple[Any, Any]] = []
         for label, mods in modules.items():
             for mod in mods:
-                if hasattr(mod, "register_forward_post_hook"):  # paddle
-                    self.handles.append(mod.register_forward_post_hook(self._hook(label)))
-                else:
-                    self.handles.append(mod.register_forward_hook(self._hook(label)))
+                self._wrap(mod, label)
+
+    def _wrap(self, module: Any, label: str) -> None:
+        own = module.__dict__.get("forward")  # an instance attribute to put back, if any
+        forward = module.forward
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            output = forward(*args, **kwargs)
+            self._record(label, output)
+            return output
+
+        object.__setattr__(module, "forward", recorded)
+        self._wrapped.append((module, own))
 
     def start(self, prefix: str) -> None:
         self.records, self.prefix, self._calls = [], prefix, {}
 
-    def _hook(self, label: str):
-        def hook(_module, _inputs, output):
-            n = self._calls[label] = self._calls.get(label, 0) + 1
-            name = f"{self.prefix}{label}" + (f"#{n}" if n > 1 else "")
-            for sub, t in flatten(name, output):
-                self.records.append((sub, to_numpy(t)))
-
-        return hook
+    def _record(self, label: str, output: Any) -> None:
+        if self.paused:
+            return
+        n = self._calls[label] = self._calls.get(label, 0) + 1
+        name = f"{self.prefix}{label}" + (f"#{n}" if n > 1 else "")
+        for sub, t in flatten(name, output):
+            self.records.append((sub, to_numpy(t)))
 
     def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        for module, own in reversed(self._wrapped):
+            if own is None:
+                object.__delattr__(module, "forward")
+            else:
+                object.__setattr__(module, "forward", own)
+        self._wrapped = []
 
 
 ModulePair = tuple[str, Any, Any]
@@ -285,6 +299,15 @@ class Alignment:
             if name not in ours:
                 self.report.rows.append(missing(name, "ours has no such output"))
         self._ref.records, self._ours.records = [], []
+
+    @contextlib.contextmanager
+    def unrecorded(self) -> Iterator[None]:
+        """Run a step whose module outputs were compared before (features computed again)."""
+        self._ref.paused = self._ours.paused = True
+        try:
+            yield
+        finally:
+            self._ref.paused = self._ours.paused = False
 
     def output(
         self,
