@@ -475,11 +475,10 @@ def align_sam3(
     through ``predict_inst``; with ``tracker`` and upstream's tracker ``frames`` tracking
     steps (0: none) over the image as a still video."""
     torch, _ = import_sam3()
+    from PIL import Image
     from sam3.model.sam3_image_processor import Sam3Processor as RefProcessor
 
     from ..predict.sam3.processor import Sam3Processor
-
-    from PIL import Image
 
     image = default_image() if image is None else image
     h, w = image.shape[:2]
