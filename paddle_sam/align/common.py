@@ -424,6 +424,41 @@ def perturb_torch_(module: Any, seed: int = 0, scale: float = 0.02, init_std: fl
     return module
 
 
+def load_official(module: Any, path: Any, map_keys: Any = None) -> Any:
+    """Load an official checkpoint into a torch reference module strictly: ``torch.load``
+    with ``weights_only=True`` (no pickled code runs), the state dict under ``"model"`` if
+    the file wraps it so, keys mapped by ``map_keys`` (a function of the dict) if given. A
+    file whose keys or shapes do not fit is a one-line ValueError naming a few of them.
+    Returns ``module``."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a state dict (a {type(state).__name__})")
+    if map_keys is not None:
+        state = map_keys(state)
+    own = module.state_dict()
+    problems = []
+    for what, keys in (
+        ("missing", sorted(set(own) - set(state))),
+        ("unexpected", sorted(set(state) - set(own))),
+        (
+            "of another shape",
+            [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)],
+        ),
+    ):
+        if keys:
+            problems.append(f"{len(keys)} keys {what} ({', '.join(keys[:3])})")
+    if problems:
+        raise ValueError(
+            f"{path} does not fit the official model of these sizes: {'; '.join(problems)}"
+        )
+    module.load_state_dict(state, strict=True)
+    return module
+
+
 def numpy_state_dict(model: Any) -> dict[str, np.ndarray]:
     """A torch module's state dict as numpy arrays (official key names and layouts)."""
     return {k: to_numpy(v) for k, v in model.state_dict().items()}

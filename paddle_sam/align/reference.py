@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from ..models.sam_v1.build_sam import SamSpec, module_kwargs
-from .common import numpy_state_dict, perturb_torch_
+from .common import load_official, numpy_state_dict, perturb_torch_
 
 
 def import_reference() -> tuple[Any, Any]:
@@ -26,8 +26,9 @@ def import_reference() -> tuple[Any, Any]:
     return torch, segment_anything
 
 
-def build_reference_sam(spec: SamSpec):
-    """segment-anything's ``Sam`` with the sizes of ``spec`` (random init, eval mode)."""
+def build_reference_sam(spec: SamSpec, checkpoint: str | None = None):
+    """segment-anything's ``Sam`` with the sizes of ``spec`` in eval mode: random weights, or
+    the official ``checkpoint`` loaded strictly (``torch.load`` with ``weights_only=True``)."""
     torch, _ = import_reference()
     from segment_anything.modeling import (
         ImageEncoderViT,
@@ -47,6 +48,8 @@ def build_reference_sam(spec: SamSpec):
             transformer=TwoWayTransformer(**kw["transformer"]), **kw["mask_decoder"]
         ),
     )
+    if checkpoint is not None:
+        load_official(sam, checkpoint)
     return sam.eval()
 
 

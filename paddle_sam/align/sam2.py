@@ -22,6 +22,7 @@ from .common import (
     AlignReport,
     click_cases,
     default_image,
+    load_official,
     numpy_state_dict,
     perturb_torch_,
     run_click_cases,
@@ -107,14 +108,17 @@ def official_config(spec: Sam2Spec) -> tuple[str, list[str]]:
 
 
 def build_reference_sam2(spec: Sam2Spec, checkpoint: str | None = None):
-    """Upstream's ``SAM2Base`` of ``spec`` on the CPU, in eval mode: random weights, or the
-    official ``checkpoint`` loaded strictly by upstream's own loader (``torch.load`` with
-    ``weights_only=True``)."""
+    """Upstream's ``SAM2Base`` of ``spec`` (built by upstream's ``build_sam2``) on the CPU, in
+    eval mode: random weights, or the official ``checkpoint`` loaded strictly
+    (:func:`~.common.load_official`)."""
     import_sam2()
     from sam2.build_sam import build_sam2
 
     config, overrides = official_config(spec)
-    return build_sam2(config, checkpoint, device="cpu", hydra_overrides_extra=overrides).eval()
+    ref = build_sam2(config, None, device="cpu", hydra_overrides_extra=overrides)
+    if checkpoint is not None:
+        load_official(ref, checkpoint)
+    return ref.eval()
 
 
 def randomise_(ref, seed: int = 0, scale: float = 0.05, obj_bias: float = 6.0):

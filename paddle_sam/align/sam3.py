@@ -30,6 +30,7 @@ from .common import (
     AlignReport,
     click_cases,
     default_image,
+    load_official,
     numpy_state_dict,
     perturb_torch_,
     run_click_cases,
@@ -342,10 +343,7 @@ def build_reference_sam3(
             (side,) * 2,
         ]
     if checkpoint is not None:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if isinstance(state.get("model"), dict):
-            state = state["model"]
-        ref.load_state_dict(released_to_reference(state, interactive), strict=True)
+        load_official(ref, checkpoint, lambda state: released_to_reference(state, interactive))
     return ref.eval()
 
 

@@ -22,6 +22,7 @@ from .common import (
     click_cases,
     compare,
     default_image,
+    numpy_state_dict,
     run_click_cases,
     submodule,
 )
@@ -43,6 +44,30 @@ def module_names(depth: int) -> list[str]:
         else:
             out.append(n)
     return out
+
+
+def converted_model(torch_sam, spec):
+    """Our SAM of ``spec`` with ``torch_sam``'s weights, through our converter."""
+    from ..convert.core import load_state_strict
+    from ..convert.sam_v1 import convert_state_dict
+    from ..models.sam_v1.build_sam import build_sam_model
+
+    ours = build_sam_model(spec)
+    load_state_strict(ours, convert_state_dict(numpy_state_dict(torch_sam), spec))
+    return ours
+
+
+def random_pair(spec, seed: int = 0, scale: float = 0.1) -> tuple[Any, Any]:
+    """(segment-anything's SAM, ours) of ``spec`` with the same random weights, every tensor
+    perturbed (none at a trivial 0 or 1)."""
+    import torch
+
+    from .reference import build_reference_sam, perturb_weights_
+
+    torch.manual_seed(seed)
+    ref = build_reference_sam(spec)
+    perturb_weights_(ref, seed, scale)
+    return ref, converted_model(ref, spec)
 
 
 def align_sam(
@@ -83,7 +108,9 @@ __all__ = [
     "AlignRow",
     "align_sam",
     "compare",
+    "converted_model",
     "default_cases",
     "default_image",
     "module_names",
+    "random_pair",
 ]
