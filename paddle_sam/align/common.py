@@ -66,6 +66,22 @@ class AlignReport:
         -> ``mask_decoder``."""
         return {r.module.split("] ")[-1].split("[")[0].split("#")[0] for r in self.rows}
 
+    def summary(self) -> dict[str, Any]:
+        """Rows compared, the lowest cosine and the largest max abs error of the numeric
+        rows, the lowest agreement of the mask rows, each with its module."""
+        numeric = [r for r in self.rows if r.agreement is None and np.isfinite(r.cosine)]
+        masks = [r for r in self.rows if r.agreement is not None]
+        out: dict[str, Any] = {"compared": len(self.rows)}
+        if numeric:
+            low = min(numeric, key=lambda r: r.cosine)
+            high = max(numeric, key=lambda r: r.max_abs)
+            out["lowest_cosine"] = [low.cosine, low.module]
+            out["largest_max_abs"] = [high.max_abs, high.module]
+        if masks:
+            worst = min(masks, key=lambda r: r.agreement)
+            out["lowest_mask_agreement"] = [worst.agreement, worst.module]
+        return out
+
     def to_json(self) -> str:
         first = self.first_divergent()
         return json.dumps(
@@ -74,6 +90,7 @@ class AlignReport:
                 "passed": self.passed,
                 "first_divergent": first.module if first else None,
                 "cos_threshold": COS_THRESHOLD,
+                "summary": self.summary(),
                 "rows": [asdict(r) for r in self.rows],
             },
             indent=2,
@@ -93,6 +110,13 @@ class AlignReport:
             )
             lines.append(line + (f"  ({r.note})" if r.note else ""))
         first = self.first_divergent()
+        summary = self.summary()
+        if "lowest_cosine" in summary:
+            (cos, at), (err, where) = summary["lowest_cosine"], summary["largest_max_abs"]
+            lines.append(
+                f"{summary['compared']} outputs compared; lowest cosine {cos:.8f} ({at}), "
+                f"largest max abs error {err:.2e} ({where})"
+            )
         if not self.rows:
             lines.append("nothing compared")
         else:

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +132,31 @@ def _random(args: argparse.Namespace) -> tuple[str, tuple, dict]:
     return family, random_sam3(seed=args.seed), meta
 
 
+@contextlib.contextmanager
+def _quiet_references(verbose: bool) -> Iterator[None]:
+    """The official packages' own chatter kept out (``--verbose`` keeps it): sam2 logs each
+    embedding at INFO on the root logger; torch warns that ``torch.jit.script`` (which sam2
+    uses) is deprecated and that CUDA autocast (which sam3's tracker sets up) is off."""
+    if verbose:
+        yield
+        return
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.WARNING))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"torch\.")
+            yield
+    finally:
+        root.setLevel(level)
+
+
 def cmd_align(args: argparse.Namespace) -> int:
+    with _quiet_references(args.verbose):
+        return _align(args)
+
+
+def _align(args: argparse.Namespace) -> int:
     _check_args(args)
     image = read_image(args.image, args.command) if args.image else None  # before the models
     if args.torch_checkpoint is not None:
