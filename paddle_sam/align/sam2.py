@@ -60,9 +60,9 @@ def import_sam2() -> tuple[Any, Any]:
         import torch
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "the official SAM 2 reference is not installed; it is test-only: "
-            "SAM2_BUILD_CUDA=0 pip install --no-build-isolation sam2==1.1.0 hydra-core iopath "
-            "(with torch==2.14.1)"
+            "the official SAM 2 reference is not installed; it is a test-only extra: "
+            "SAM2_BUILD_CUDA=0 pip install --no-build-isolation 'paddle-sam[torch]' "
+            "(torch==2.14.1, sam2==1.1.0, hydra-core)"
         ) from exc
     return torch, sam2
 
