@@ -57,7 +57,9 @@ MEMORY_MODULES = (
     "tracker.transformer.encoder.layers.*",
     "tracker.transformer.encoder",
 )
+DETECTOR_PREFIX = "detector."
 TRACKER_PREFIX = "tracker."
+SECOND_NECK = "backbone.vision_backbone.sam2_convs."
 # upstream's image model holds the tracker under this name (its checkpoint loader's mapping)
 REF_TRACKER = "inst_interactive_predictor.model."
 
@@ -348,11 +350,16 @@ def build_reference_sam3(
 
 
 def released_to_reference(state: dict, interactive: bool) -> dict:
-    """Released ``sam3.pt`` keys -> upstream image model's (what its own loader maps)."""
+    """Released ``sam3.pt`` keys -> upstream image model's (what its own loader maps). Without
+    ``interactive`` the tracker and the second (SAM 2) neck it feeds are left out, as the
+    model built without instance interactivity has neither (upstream's loader skips them by
+    loading non-strictly)."""
     out = {}
     for key, value in state.items():
-        if key.startswith("detector."):
-            out[key[len("detector.") :]] = value
+        if key.startswith(DETECTOR_PREFIX):
+            name = key[len(DETECTOR_PREFIX) :]
+            if interactive or not name.startswith(SECOND_NECK):
+                out[name] = value
         elif key.startswith(TRACKER_PREFIX) and interactive:
             out[REF_TRACKER + key[len(TRACKER_PREFIX) :]] = value
     return out
@@ -365,7 +372,7 @@ def reference_to_released(ref) -> dict[str, np.ndarray]:
         if key.startswith(REF_TRACKER):
             out[TRACKER_PREFIX + key[len(REF_TRACKER) :]] = value
         else:
-            out["detector." + key] = value
+            out[DETECTOR_PREFIX + key] = value
     return out
 
 

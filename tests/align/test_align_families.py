@@ -238,3 +238,39 @@ def test_report_fails_on_a_missing_output():
     # hooks are gone after the block: calling again records nothing
     ref(torch.ones(3))
     assert "forward" not in ref.__dict__ and "forward" not in ours.__dict__
+
+
+def test_sam3_released_keys_to_reference():
+    """A released file's keys: the tracker and the second neck go to a reference with the
+    tracker, and are left out of one without (which has neither)."""
+    from paddle_sam.align.sam3 import released_to_reference
+
+    state = {
+        "detector.backbone.vision_backbone.trunk.pos_embed": 1,
+        "detector.backbone.vision_backbone.sam2_convs.0.conv_1x1.weight": 2,
+        "tracker.maskmem_backbone.out_proj.weight": 3,
+    }
+    assert released_to_reference(state, interactive=True) == {
+        "backbone.vision_backbone.trunk.pos_embed": 1,
+        "backbone.vision_backbone.sam2_convs.0.conv_1x1.weight": 2,
+        "inst_interactive_predictor.model.maskmem_backbone.out_proj.weight": 3,
+    }
+    assert released_to_reference(state, interactive=False) == {
+        "backbone.vision_backbone.trunk.pos_embed": 1
+    }
+
+
+@pytest.mark.slow
+def test_sam3_released_reference_holds_the_checkpoint_keys(reference_dir):
+    """The reference of the released size (upstream's own builder, with the tracker) has
+    exactly the released ``sam3.pt``'s 1465 keys and shapes, so the file loads strictly
+    (about 15 s and 4.7 GB: the whole model is built)."""
+    import ast
+
+    from paddle_sam.align.sam3 import build_reference_sam3, cpu_patches, reference_to_released
+
+    with cpu_patches():
+        ref = build_reference_sam3(interactive=True)
+    rows = (reference_dir / "sam3_checkpoint_keys.tsv").read_text().splitlines()[1:]
+    released = {r.split("\t")[0]: tuple(ast.literal_eval(r.split("\t")[1])) for r in rows}
+    assert {k: v.shape for k, v in reference_to_released(ref).items()} == released
