@@ -321,7 +321,7 @@ def build_reference_sam3(
     ``checkpoint``: the released ``sam3.pt`` loaded strictly (``torch.load`` with
     ``weights_only=True``; ``detector.*`` into the image model, ``tracker.*`` into the
     tracker); random weights without it."""
-    torch, _ = import_sam3()
+    import_sam3()
     from sam3.model_builder import build_sam3_image_model
 
     bpe = str(bpe_path or DEFAULT_BPE_PATH)
