@@ -9,9 +9,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-import numpy as np
-
 from ..models.sam_v1.build_sam import SamSpec, module_kwargs
+from .common import load_official, numpy_state_dict, perturb_torch_
 
 
 def import_reference() -> tuple[Any, Any]:
@@ -27,8 +26,9 @@ def import_reference() -> tuple[Any, Any]:
     return torch, segment_anything
 
 
-def build_reference_sam(spec: SamSpec):
-    """segment-anything's ``Sam`` with the sizes of ``spec`` (random init, eval mode)."""
+def build_reference_sam(spec: SamSpec, checkpoint: str | None = None):
+    """segment-anything's ``Sam`` with the sizes of ``spec`` in eval mode: random weights, or
+    the official ``checkpoint`` loaded strictly (``torch.load`` with ``weights_only=True``)."""
     torch, _ = import_reference()
     from segment_anything.modeling import (
         ImageEncoderViT,
@@ -48,26 +48,15 @@ def build_reference_sam(spec: SamSpec):
             transformer=TwoWayTransformer(**kw["transformer"]), **kw["mask_decoder"]
         ),
     )
+    if checkpoint is not None:
+        load_official(sam, checkpoint)
     return sam.eval()
 
 
 def perturb_weights_(model, seed: int = 0, scale: float = 0.02) -> None:
-    """Add small noise to every checkpoint tensor so none stays at a trivial 0 or 1.
-
-    Default inits leave norms at 1, biases and rel-pos tables at 0: a port could get those
-    wrong and still match. Relative noise keeps large tensors' statistics sane.
-    """
-    torch, _ = import_reference()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        # state_dict(): parameters and persistent buffers only (pixel_mean/std are fixed)
-        for t in model.state_dict().values():
-            if not t.is_floating_point():
-                continue
-            noise = torch.randn(t.shape, generator=gen, dtype=t.dtype)
-            t.add_(scale * noise * (t.abs().mean() + 0.5))
+    """Add small noise to every checkpoint tensor so none stays at a trivial 0 or 1
+    (:func:`~.common.perturb_torch_`; pixel_mean/std are buffers outside the state dict)."""
+    perturb_torch_(model, seed, scale)
 
 
-def numpy_state_dict(model) -> dict[str, np.ndarray]:
-    """A torch module's state dict as float numpy arrays (official key names and layouts)."""
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+__all__ = ["build_reference_sam", "import_reference", "numpy_state_dict", "perturb_weights_"]
