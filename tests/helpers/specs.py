@@ -1,7 +1,8 @@
 """The tiny model sizes of the tests, each defined once. A test that needs another size says
 so with an explicit override (``tiny_sam3_spec(num_queries=4)``, ``dataclasses.replace``).
 
-SAM v1: :data:`TINY` and :data:`TINY_B`. SAM 3: :func:`tiny_sam3_spec` and the sizes derived
+SAM v1: :data:`TINY` and :data:`TINY_B`, and :func:`tiny_train_spec` (a training config's
+``model.spec``). SAM 3: :func:`tiny_sam3_spec` and the sizes derived
 from it, :func:`tiny_sam3_tracker_spec` and :func:`one_layer_sam3_spec`.
 """
 
@@ -92,3 +93,20 @@ def one_layer_sam3_spec(**overrides: Any) -> Sam3Spec:
         num_queries=6,
     )
     return tiny_sam3_spec(**(fields | overrides))
+
+
+def tiny_train_spec() -> dict[str, Any]:
+    """A tiny SAM v1 as a training config's ``model.spec`` (64 px, two blocks), a fresh dict."""
+    return dict(
+        image_size=64,
+        vit_patch_size=8,
+        encoder_embed_dim=32,
+        encoder_depth=2,
+        encoder_num_heads=2,
+        encoder_global_attn_indexes=[1],
+        window_size=4,
+        prompt_embed_dim=32,
+        decoder_mlp_dim=64,
+        decoder_num_heads=2,
+        iou_head_hidden_dim=32,
+    )

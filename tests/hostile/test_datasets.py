@@ -36,24 +36,11 @@ from PIL import Image
 
 from paddle_sam import cli
 from paddle_sam.predict.io import MAX_IMAGE_PIXELS
-from tests.helpers.specs import tiny_sam3_spec
+from tests.helpers.specs import tiny_sam3_spec, tiny_train_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDE = 13_000  # 169 M pixels: over our limit, under Pillow's DecompressionBombError (2 x 89 M)
 PEAK_LIMIT_KB = 1024 * 1024  # 1 GB, as ru_maxrss counts on Linux (kB)
-TINY_SAM_V1 = dict(
-    image_size=64,
-    vit_patch_size=8,
-    encoder_embed_dim=32,
-    encoder_depth=2,
-    encoder_num_heads=2,
-    encoder_global_attn_indexes=[1],
-    window_size=4,
-    prompt_embed_dim=32,
-    decoder_mlp_dim=64,
-    decoder_num_heads=2,
-    iou_head_hidden_dim=32,
-)
 SQUARE = [[10, 10, 30, 10, 30, 30, 10, 30]]
 EXPECTED = {
     "eps": r"evil\.png: EPS/PostScript images are not read",
@@ -120,7 +107,7 @@ def write_coco(root: Path, file_name: str = "evil.png", sizes: bool = True) -> P
 
 def sam_v1_config(tmp: Path, data: dict) -> Path:
     cfg = {
-        "model": {"type": "vit_tiny_synthetic", "spec": TINY_SAM_V1},
+        "model": {"type": "vit_tiny_synthetic", "spec": tiny_train_spec()},
         "data": {"train": data, "masks_per_image": 3, "hflip": False},
         "train": {"steps": 2, "batch_size": 1, "log_every": 1, "checkpoint_every": 2},
         "run": {"output_dir": str(tmp / "run")},

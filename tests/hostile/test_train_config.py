@@ -20,28 +20,15 @@ import yaml
 from paddle_sam.cli import main
 from paddle_sam.train.config import MAX_DEPTH, MAX_NODES, read_raw
 from paddle_sam.train.families import load_config
-from tests.helpers.specs import tiny_sam3_spec
+from tests.helpers.specs import tiny_sam3_spec, tiny_train_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_V1 = dict(
-    image_size=64,
-    vit_patch_size=8,
-    encoder_embed_dim=32,
-    encoder_depth=2,
-    encoder_num_heads=2,
-    encoder_global_attn_indexes=[1],
-    window_size=4,
-    prompt_embed_dim=32,
-    decoder_mlp_dim=64,
-    decoder_num_heads=2,
-    iou_head_hidden_dim=32,
-)
 
 
 def v1_config(tmp_path: Path) -> dict:
     """A tiny SAM v1 run that would train (one step) if nothing were wrong with it."""
     return {
-        "model": {"type": "vit_tiny_synthetic", "spec": dict(TINY_V1)},
+        "model": {"type": "vit_tiny_synthetic", "spec": tiny_train_spec()},
         "data": {"train": {"format": "synthetic", "num_images": 1, "sizes": [[64, 64]]}},
         "train": {"steps": 1, "log_every": 1, "checkpoint_every": 1},
         "run": {"output_dir": str(tmp_path / "run")},

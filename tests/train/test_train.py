@@ -22,28 +22,16 @@ from paddle_sam.train.families import load_config
 from paddle_sam.train.sam_v1 import prompts
 from paddle_sam.train.sam_v1.data import CocoDataset, MaskFolderDataset, SA1BDataset, open_dataset
 from paddle_sam.train.synthetic import synthetic_scene, write_dataset
+from tests.helpers.specs import tiny_train_spec
 from tests.helpers.train_runs import losses_of, write_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY_SPEC = dict(
-    image_size=64,
-    vit_patch_size=8,
-    encoder_embed_dim=32,
-    encoder_depth=2,
-    encoder_num_heads=2,
-    encoder_global_attn_indexes=[1],
-    window_size=4,
-    prompt_embed_dim=32,
-    decoder_mlp_dim=64,
-    decoder_num_heads=2,
-    iou_head_hidden_dim=32,
-)
 SIZES = [[96, 72]]
 
 
 def tiny_config(tmp_path: Path, **sections) -> dict:
     cfg = {
-        "model": {"type": "vit_tiny_synthetic", "spec": TINY_SPEC},
+        "model": {"type": "vit_tiny_synthetic", "spec": tiny_train_spec()},
         "data": {
             "train": {"format": "synthetic", "num_images": 4, "seed": 0, "sizes": SIZES},
             "masks_per_image": 3,
@@ -249,7 +237,7 @@ def test_tied_qk_init_starts_decoder_keys_as_queries(tmp_path, tied):
     from paddle_sam.models.sam_v1.transformer import Attention
     from paddle_sam.train.sam_v1.trainer import Trainer
 
-    model = {"type": "vit_tiny_synthetic", "spec": TINY_SPEC, "tied_qk_init": tied}
+    model = {"type": "vit_tiny_synthetic", "spec": tiny_train_spec(), "tied_qk_init": tied}
     cfg = load_config(write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path, model=model)))
     t = Trainer(cfg, progress=False)
     attns = [m for _, m in t.sam.mask_decoder.named_sublayers() if isinstance(m, Attention)]
