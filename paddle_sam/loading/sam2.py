@@ -81,6 +81,7 @@ def build_sam2(
     if mode not in ("eval", "train"):
         raise ValueError(f"mode must be 'eval' or 'train', got {mode!r}")
     if device is not None:
+        device = str(device)  # upstream's notebooks pass torch.device("cpu")
         paddle.set_device("gpu" + device[4:] if device.startswith("cuda") else device)
     _, spec = sam2_spec_of(config_file)
     if ckpt_path is not None:
