@@ -68,7 +68,8 @@ SCORE_TOL = 1e-4
 LOGIT_TOL = 1e-4
 REFERENCE_CONFIG = "paddle_sam_notebooks_sam2.1_reduced"  # hydra config store name
 
-#: the issue's recipe: each ``sam2`` module the notebooks import -> paddle-sam's
+#: the import swap: each ``sam2`` module the notebooks import -> the paddle-sam module that
+#: gives the same names (paddle-sam has no ``sam2``-named package, so it is a map, not a rename)
 IMPORT_SWAP = {
     "sam2.build_sam": "paddle_sam.loading.sam2",
     "sam2.sam2_image_predictor": "paddle_sam.predict.sam2.predictor",
@@ -893,14 +894,16 @@ def official_cpu_run():
 
 @contextmanager
 def in_folder(folder: Path):
-    """Run in ``folder``, restoring the working directory and the environment variable the
-    notebooks' first cell sets."""
+    """Run in ``folder``, restoring the working directory, Paddle's device and the environment
+    variable the notebooks' first cell sets."""
     old = os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK")
+    device = paddle.get_device()  # the builders set Paddle's device from the notebooks'
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.chdir(folder)
             yield
     finally:
+        paddle.set_device(device)
         if old is None:
             os.environ.pop("PYTORCH_ENABLE_MPS_FALLBACK", None)
         else:
@@ -1074,6 +1077,20 @@ def test_image_notebook_runs_on_paddle_sam(image_runs):
     assert type(ns["predictor"]) is SAM2ImagePredictor
     assert isinstance(ns["predictor"]._features["image_embed"], paddle.Tensor)
     assert isinstance(ns["masks_batch"][0], np.ndarray)
+
+
+def test_builders_take_the_notebooks_torch_device():
+    """Both notebooks pass ``device=torch.device(...)`` (their device cell) to the builders."""
+    from paddle_sam.loading.sam2 import build_sam2, build_sam2_video_predictor
+
+    spec = reduced_spec("2.1")
+    device = paddle.get_device()
+    try:
+        assert build_sam2(spec, device=torch.device("cpu")).image_size == 256
+        assert build_sam2_video_predictor(spec, device=torch.device("cpu")).fill_hole_area == 8
+        assert paddle.get_device() == "cpu"
+    finally:
+        paddle.set_device(device)
 
 
 @pytest.mark.parametrize("cell", [c[0] for c in IMAGE_CELLS if c[2]])
