@@ -329,10 +329,14 @@ BUNDLED_GENERATOR: dict[str, Any] = {
 
 
 def generator_defaults_for(source: Source | None) -> dict[str, Any]:
-    """The automatic mask generator's defaults for ``source``: upstream's, or
-    :data:`BUNDLED_GENERATOR`'s values for the bundled SAM v1."""
+    """The automatic mask generator's defaults for ``source``: upstream's (SAM 2's for a SAM 2
+    source), or :data:`BUNDLED_GENERATOR`'s values for the bundled SAM v1."""
     from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 
+    if source is not None and source.family == "sam2":
+        from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
+
+        return generator_defaults(SAM2AutomaticMaskGenerator)
     defaults = generator_defaults()
     if source is not None and source.path == FAMILIES["sam_v1"].default:
         defaults.update(BUNDLED_GENERATOR)

@@ -57,6 +57,21 @@ def _latest_output(state: dict, obj_idx: int, frame_idx: int) -> dict | None:
     return None
 
 
+def object_probs(state: dict, frame_idx: int) -> np.ndarray:
+    """Each object's probability of being on a frame (a SAM 2 video predictor's inference
+    state): the sigmoid of the object score of its latest output there, 1 where it has none."""
+    probs = []
+    for obj_idx in range(len(state["obj_ids"])):
+        out = _latest_output(state, obj_idx, frame_idx)
+        logit = None if out is None else out.get("object_score_logits")
+        if logit is None:
+            probs.append(1.0)
+            continue
+        value = float(logit.astype("float32").numpy().reshape(-1)[0])
+        probs.append(1.0 / (1.0 + np.exp(-value)))
+    return np.asarray(probs, np.float32)
+
+
 class Sam2VideoRequests:
     """Upstream SAM 3's request API over SAM 2's per-object video predictor (one process).
 
@@ -324,29 +339,14 @@ class Sam2VideoRequests:
 
     # ------------------------------------------------------------------ outputs
 
-    @staticmethod
-    def _object_probs(state: dict, frame_idx: int) -> np.ndarray:
-        """Each object's probability of being on the frame: the sigmoid of the object score
-        of its latest output there (1 where it has none)."""
-        probs = []
-        for obj_idx in range(len(state["obj_ids"])):
-            out = _latest_output(state, obj_idx, frame_idx)
-            logit = None if out is None else out.get("object_score_logits")
-            if logit is None:
-                probs.append(1.0)
-                continue
-            value = float(logit.astype("float32").numpy().reshape(-1)[0])
-            probs.append(1.0 / (1.0 + np.exp(-value)))
-        return np.asarray(probs, np.float32)
-
     def _outputs(self, state: dict, frame_idx: int, obj_ids: list, masks: Any) -> dict[str, Any]:
         binary = masks.numpy()[:, 0] > 0.0
         return {
             "out_obj_ids": np.asarray([int(i) for i in obj_ids], np.int64),
-            "out_probs": self._object_probs(state, frame_idx),
+            "out_probs": object_probs(state, frame_idx),
             "out_boxes_xywh": np.asarray([_box_xywh(m) for m in binary], np.float32).reshape(-1, 4),
             "out_binary_masks": binary,
         }
 
 
-__all__ = ["NO_TEXT", "Sam2VideoRequests"]
+__all__ = ["NO_TEXT", "Sam2VideoRequests", "object_probs"]

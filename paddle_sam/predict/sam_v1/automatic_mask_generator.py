@@ -428,10 +428,10 @@ GENERATOR_OPTIONS = (
 )
 
 
-def generator_defaults() -> dict[str, Any]:
-    """The defaults of :data:`GENERATOR_OPTIONS`, read from the generator's signature
-    (upstream's), their one home."""
-    params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
+def generator_defaults(generator: type | None = None) -> dict[str, Any]:
+    """The defaults of :data:`GENERATOR_OPTIONS`, read from the signature (upstream's) of
+    ``generator`` (default: :class:`SamAutomaticMaskGenerator`), their one home."""
+    params = inspect.signature((generator or SamAutomaticMaskGenerator).__init__).parameters
     return {name: params[name].default for name in GENERATOR_OPTIONS}
 
 
