@@ -377,7 +377,8 @@ def everything(
     if not service.supports_everything:
         raise ServiceError(400, "not_supported", service.everything_refusal)
     try:
-        job = start_everything(service, store, jobs, s, req.model_dump())
+        options = service.everything_options(req.model_dump(exclude_unset=True), req.model_dump())
+        job = start_everything(service, store, jobs, s, options)
     except QueueFull as exc:
         raise ServiceError(429, "queue_full", str(exc), headers={"Retry-After": "5"}) from None
     return job.to_json(with_result=False)
