@@ -168,3 +168,18 @@ def test_a_pdparams_without_sidecar_is_named(files, tmp_path):
         load_model(sniff(bare))
     with pytest.raises(ValueError, match="has no sidecar"):
         load_model(sniff(bare, "sam2"))
+
+
+def test_top_level_names():
+    """``from paddle_sam import ...`` gives sam2's public names (imported on first use)."""
+    import paddle_sam
+    from paddle_sam.predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
+
+    assert paddle_sam.build_sam2 is build_sam2
+    assert paddle_sam.build_sam2_video_predictor is build_sam2_video_predictor
+    assert paddle_sam.SAM2ImagePredictor is SAM2ImagePredictor
+    assert paddle_sam.SAM2AutomaticMaskGenerator is SAM2AutomaticMaskGenerator
+    assert paddle_sam.SAM2VideoPredictor is SAM2VideoPredictor
+    for name in ("build_sam2", "SAM2ImagePredictor", "SAM2VideoPredictor"):
+        assert name in paddle_sam.__all__
+
