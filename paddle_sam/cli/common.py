@@ -100,6 +100,11 @@ def _sam_v1_source(args: argparse.Namespace) -> Any:
     if source.family == "sam3":
         instead = SAM3_INSTEAD.get(command, "give a SAM v1 checkpoint")
         raise ValueError(f"{source.path} is a SAM 3 model and '{command}' runs SAM v1; {instead}")
+    if source.family == "sam2":
+        raise ValueError(
+            f"{source.path} is a SAM 2 model and '{command}' runs SAM v1 (or SAM 3); SAM 2 "
+            "runs in segment, everything, track, serve and label --everything"
+        )
     return source
 
 
