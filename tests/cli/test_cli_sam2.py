@@ -274,4 +274,3 @@ def test_commands_without_sam2_refuse_it(files, work, capsys, tmp_path):
     err = capsys.readouterr().err
     assert "paddle-sam eval: error:" in err and "is a SAM 2 model" in err
     assert "Traceback" not in err
-

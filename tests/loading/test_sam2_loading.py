@@ -182,4 +182,3 @@ def test_top_level_names():
     assert paddle_sam.SAM2VideoPredictor is SAM2VideoPredictor
     for name in ("build_sam2", "SAM2ImagePredictor", "SAM2VideoPredictor"):
         assert name in paddle_sam.__all__
-
