@@ -1,7 +1,8 @@
 """paddle-sam: Segment Anything in PaddlePaddle 3.
 
 ``from paddle_sam import sam_model_registry, SamPredictor, SamAutomaticMaskGenerator`` is a
-drop-in for ``segment_anything``.
+drop-in for ``segment_anything``; ``from paddle_sam import build_sam2, SAM2ImagePredictor,
+SAM2AutomaticMaskGenerator, build_sam2_video_predictor, SAM2VideoPredictor`` for ``sam2``.
 
 Importing the package sets only what is safe in any host process, unless the user set it:
 Paddle's CPU thread count (all CPUs), MKL's fast code path on AMD processors and Paddle's serial
@@ -30,6 +31,9 @@ from .predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator  
 from .predict.sam_v1.predictor import SamPredictor  # noqa: E402
 
 __all__ = [
+    "SAM2AutomaticMaskGenerator",
+    "SAM2ImagePredictor",
+    "SAM2VideoPredictor",
     "SAM_SPECS",
     "Sam",
     "Sam3Processor",
@@ -39,6 +43,8 @@ __all__ = [
     "SamSpec",
     "__version__",
     "build_sam",
+    "build_sam2",
+    "build_sam2_video_predictor",
     "build_sam3_image_model",
     "build_sam3_video_model",
     "build_sam3_video_predictor",
@@ -48,8 +54,14 @@ __all__ = [
     "tune_process",
 ]
 
-# SAM 3 is imported on first use, so that ``import paddle_sam`` stays as fast as for SAM v1.
+# SAM 2 and SAM 3 are imported on first use, so that ``import paddle_sam`` stays as fast as
+# for SAM v1.
 _LAZY = {
+    "build_sam2": ".loading.sam2",
+    "build_sam2_video_predictor": ".loading.sam2",
+    "SAM2ImagePredictor": ".predict.sam2.predictor",
+    "SAM2AutomaticMaskGenerator": ".predict.sam2.automatic_mask_generator",
+    "SAM2VideoPredictor": ".predict.sam2.video_predictor",
     "build_sam3_image_model": ".loading.sam3",
     "build_sam3_video_model": ".loading.sam3",
     "build_sam3_video_predictor": ".loading.sam3",

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..models.sam2.build_sam import SAM2_SPECS
 from ..models.sam_v1.build_sam import SAM_SPECS
 from ..predict.outputs import check_targets
 
@@ -24,6 +25,7 @@ from ..predict.outputs import check_targets
 def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("sam_v1",)) -> None:
     """--checkpoint and --model-type, whose choices are the model types of ``families``."""
     types = sorted(SAM_SPECS) if "sam_v1" in families else []
+    types += sorted(SAM2_SPECS) if "sam2" in families else []
     types += ["sam3"] if "sam3" in families else []
     parser.add_argument(
         "--checkpoint", default=None, help="converted .pdparams (or an official file)"
@@ -70,6 +72,9 @@ def image_predictor(args: argparse.Namespace, family: str, **options: Any) -> An
 
     if family == "sam_v1":
         return load_image_predictor(sam_v1_source(args), model_type=args.model_type, **options)
+    if family == "sam2":
+        source = source_of(args, "sam2")
+        return load_image_predictor(source, model_type=getattr(args, "model_type", None), **options)
     return load_image_predictor(source_of(args, family), **options)
 
 
@@ -96,6 +101,11 @@ def sam_v1_source(args: argparse.Namespace) -> Any:
     if source.family == "sam3":
         instead = SAM3_INSTEAD.get(command, "give a SAM v1 checkpoint")
         raise ValueError(f"{source.path} is a SAM 3 model and '{command}' runs SAM v1; {instead}")
+    if source.family == "sam2":
+        raise ValueError(
+            f"{source.path} is a SAM 2 model and '{command}' runs SAM v1 (or SAM 3); SAM 2 "
+            "runs in segment, everything, track, serve and label --everything"
+        )
     return source
 
 
@@ -107,10 +117,10 @@ def sam3_checkpoint(args: argparse.Namespace) -> str | Path:
 
 
 def family(args: argparse.Namespace) -> str:
-    """``"sam_v1"`` or ``"sam3"``: from --model-type, else from what the --exported folder or
-    the --checkpoint holds (:func:`paddle_sam.loading.sniff`; a missing file is left to the
-    loader's error), else (a file that cannot tell cheaply) from the prompts: --text means
-    SAM 3."""
+    """``"sam_v1"``, ``"sam2"`` or ``"sam3"``: from --model-type, else from what the --exported
+    folder or the --checkpoint holds (:func:`paddle_sam.loading.sniff`; a missing file is
+    left to the loader's error), else (a file that cannot tell cheaply) from the prompts:
+    --text means SAM 3."""
     from ..loading import family_of_model_type, sniff
 
     model_type = getattr(args, "model_type", None)

@@ -1,4 +1,4 @@
-"""``paddle-sam everything``: automatic mask generation over a point grid (SAM v1)."""
+"""``paddle-sam everything``: automatic mask generation over a point grid (SAM v1, SAM 2)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from .common import (
     check_one_source,
     check_precision,
     exported_predictor,
+    family,
     load_model,
     prepare_out,
     read_image,
@@ -43,6 +44,7 @@ def cmd_everything(args: argparse.Namespace) -> int:
 
     check_one_source(args)
     check_precision(args)
+    kind = "sam_v1" if args.exported is not None else family(args)
     if args.exported is not None:
         model = exported_predictor(args.exported, precision=args.precision)
         if not hasattr(model, "predict_point_grid"):
@@ -53,12 +55,21 @@ def cmd_everything(args: argparse.Namespace) -> int:
     image = read_image(args.image, args.command)
     out = Path(args.output)
     prepare_out(out, OUTPUTS, args.overwrite)
-    if args.exported is None:
-        model = load_model(args)
-    options, note = generator_options(args)
-    generator = SamAutomaticMaskGenerator(
-        model, output_mode="binary_mask", progress=not args.quiet, **options
-    )
+    options, note = generator_options(args, kind)
+    if kind == "sam2":
+        from ..loading import load_model as load
+        from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
+
+        model = load(source_of(args, "sam2"), model_type=args.model_type)
+        generator: Any = SAM2AutomaticMaskGenerator(
+            model, output_mode="binary_mask", progress=not args.quiet, **options
+        )
+    else:
+        if args.exported is None:
+            model = load_model(args)
+        generator = SamAutomaticMaskGenerator(
+            model, output_mode="binary_mask", progress=not args.quiet, **options
+        )
     records = [r for r in generator.generate(image) if r["area"] > 0]  # COCO holds no empty
     claim(out, OUTPUTS, "everything")
     write_masks(out, [r["segmentation"] for r in records])
@@ -92,13 +103,16 @@ def cmd_everything(args: argparse.Namespace) -> int:
     return 0
 
 
-def generator_options(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
-    """The generator's options: those given, else the defaults for the command's model (lower
-    for the bundled demo model, whose masks are softer), and a note saying so (None when the
-    defaults are upstream's), for the command to print with its result."""
+def generator_options(
+    args: argparse.Namespace, kind: str = "sam_v1"
+) -> tuple[dict[str, Any], str | None]:
+    """The generator's options: those given, else the defaults for the command's model of
+    family ``kind`` (SAM 2's own; lower for the bundled demo model, whose masks are softer),
+    and a note saying so (None when the defaults are upstream's), for the command to print
+    with its result."""
     from ..loading import BUNDLED_GENERATOR, generator_defaults_for, is_bundled
 
-    source = None if getattr(args, "exported", None) else source_of(args, "sam_v1", notice=False)
+    source = None if getattr(args, "exported", None) else source_of(args, kind, notice=False)
     defaults = generator_defaults_for(source)
     options = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in defaults}
     lowered = [k for k in BUNDLED_GENERATOR if getattr(args, k) is None]
@@ -124,9 +138,11 @@ def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     """The automatic mask generator's options (upstream's names), for ``everything`` and
     ``label --everything``; the defaults are the generator's own."""
     from ..loading import BUNDLED_GENERATOR
+    from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
     from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 
     defaults = generator_defaults()
+    sam2 = generator_defaults(SAM2AutomaticMaskGenerator)
     parser.add_argument(
         "--points-per-side",
         type=bounded(int, 1, MAX_POINTS_PER_SIDE),
@@ -146,8 +162,8 @@ def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         type=bounded(float, 0.0, 1.0),
         default=None,
         help="keep masks whose predicted IoU is above this, in [0, 1] (default: "
-        f"{defaults['pred_iou_thresh']}; {BUNDLED_GENERATOR['pred_iou_thresh']} with the "
-        "bundled model)",
+        f"{defaults['pred_iou_thresh']}, SAM 2: {sam2['pred_iou_thresh']}; "
+        f"{BUNDLED_GENERATOR['pred_iou_thresh']} with the bundled model)",
     )
     parser.add_argument(
         "--stability-score-thresh",
@@ -174,19 +190,22 @@ def add_generator_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         type=bounded(int, 0, MAX_REGION_AREA),
         default=defaults["min_mask_region_area"],
         help="remove holes and islands under this many pixels, 0 (off) to "
-        f"{MAX_REGION_AREA} (default: %(default)s)",
+        f"{MAX_REGION_AREA} (SAM 2: of the low-res masks, as upstream; default: %(default)s)",
     )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``everything``."""
-    e = sub.add_parser("everything", help="automatic mask generation over a point grid")
+    e = sub.add_parser(
+        "everything", help="automatic mask generation over a point grid (SAM v1, SAM 2)"
+    )
     e.add_argument("image")
     e.add_argument("-o", "--output", required=True, help="output folder")
     e.add_argument("--overwrite", action="store_true")
     add_generator_args(e)
     e.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_model_args(e, families=("sam_v1", "sam3"))  # sam3: answered with what to run instead
+    # sam3: answered with what to run instead
+    add_model_args(e, families=("sam_v1", "sam2", "sam3"))
     e.add_argument(
         "--exported",
         default=None,

@@ -1,5 +1,5 @@
-"""``paddle-sam label``: label a dataset (SAM v1 automatic masks or SAM 3 concepts) into one
-COCO JSON, in resumable shards."""
+"""``paddle-sam label``: label a dataset (SAM v1 or SAM 2 automatic masks, or SAM 3 concepts)
+into one COCO JSON, in resumable shards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import bounded, check_one_source, check_out_folder, positive, source_of
+from .common import bounded, check_one_source, check_out_folder, family, positive, source_of
 from .everything import add_generator_args, generator_options
 
 MAX_WORKERS = 256
@@ -47,6 +47,12 @@ def cmd_label(args: argparse.Namespace) -> int:
     if args.checkpoint is None and args.exported is None:
         # the bundled model of the mode's family, said so once here (not in every worker)
         args.checkpoint = source_of(args, "sam3" if prompts else "sam_v1").path
+    kind = family(args)
+    if prompts and kind == "sam2":
+        raise ValueError(
+            f"--text / --prompts need SAM 3; {args.checkpoint} is SAM 2, which labels with "
+            "--everything (automatic masks)"
+        )
     if args.engine != "ray" and (
         args.ray_address is not None or args.num_gpus_per_worker or args.cpus_per_worker != 1
     ):
@@ -55,7 +61,11 @@ def cmd_label(args: argparse.Namespace) -> int:
         note = outside_vocabulary(source_of(args, "sam3", notice=False), prompts)
         if note:
             print(f"note: {note}", file=sys.stderr)
-    everything, note = generator_options(args) if args.everything else ({}, None)
+    everything, note = (
+        generator_options(args, "sam2" if kind == "sam2" else "sam_v1")
+        if args.everything
+        else ({}, None)
+    )
     if note:
         print(note, file=sys.stderr)
     spec = LabelSpec(
@@ -120,7 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``label``."""
     p = sub.add_parser(
         "label",
-        help="label a dataset into one COCO JSON (SAM v1 --everything or SAM 3 --text)",
+        help="label a dataset into one COCO JSON (SAM v1 / SAM 2 --everything or SAM 3 --text)",
     )
     p.add_argument(
         "source", help="a folder (recursive), a glob, a .txt list of paths or a COCO .json"
@@ -133,7 +143,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     what.add_argument("--prompts", default=None, help="a text file of concepts, one per line")
     model = p.add_argument_group("model")
-    model.add_argument("--checkpoint", default=None, help="SAM v1 or SAM 3 weights")
+    model.add_argument("--checkpoint", default=None, help="SAM v1, SAM 2 or SAM 3 weights")
     model.add_argument("--exported", default=None, help="a 'paddle-sam export' folder")
     model.add_argument("--model-type", default=None, help="SAM v1 size without a sidecar")
     model.add_argument("--bpe", default=None, help="SAM 3 BPE vocabulary (default: bundled)")

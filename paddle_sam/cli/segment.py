@@ -1,5 +1,6 @@
-"""``paddle-sam segment``: SAM v1 (and SAM 3 clicks) segment one object from points and/or a
-box; SAM 3 finds every instance of a concept from --text and/or exemplar boxes."""
+"""``paddle-sam segment``: SAM v1, SAM 2 (and SAM 3 clicks) segment one object from points, a
+box and/or a previous answer's logits (--mask-input); SAM 3 finds every instance of a concept
+from --text and/or exemplar boxes."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from .common import (
 )
 
 SAM3_OUTPUTS = ["overlay.png", "annotations.json", "masks"]  # segment --text's files
+#: the best mask's low-resolution logits (``1 x h x w`` float32), which --mask-input reads back
+LOGITS = "logits.npy"
 
 NO_SAM3_CHECKPOINT = (
     "no --checkpoint given: clicks with SAM 3 need its tracker's heads, which the bundled "
@@ -55,7 +58,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
     elif args.text is not None:
         raise ValueError(
             "--text needs a SAM 3 model (--model-type sam3 and a SAM 3 checkpoint); SAM v1 "
-            "models take --point and --box"
+            "and SAM 2 models take --point and --box"
         )
     for flag, given in (
         ("--negative-box", args.negative_box),
@@ -65,24 +68,33 @@ def cmd_segment(args: argparse.Namespace) -> int:
         if given:
             raise ValueError(f"{flag} is for SAM 3 models (with --text / --box)")
     if len(args.box) > 1:
-        what = "SAM v1 model" if kind == "sam_v1" else "SAM 3 model with --point"
+        what = {"sam_v1": "SAM v1 model", "sam2": "SAM 2 model"}.get(
+            kind, "SAM 3 model with --point"
+        )
         raise ValueError(f"a {what} takes one --box, got {len(args.box)}")
     args.box = args.box[0] if args.box else None
-    if not args.point and args.box is None:
-        raise ValueError("give at least one --point X,Y[,LABEL] or a --box X0,Y0,X1,Y1")
+    if not args.point and args.box is None and args.mask_input is None:
+        raise ValueError(
+            "give at least one --point X,Y[,LABEL], a --box X0,Y0,X1,Y1 or a --mask-input"
+        )
+    if kind == "sam2" and args.exported is not None:
+        raise ValueError("SAM 2 runs from --checkpoint only (there is no SAM 2 export)")
+    mask_input = _mask_input(args.mask_input)
     image = read_image(args.image, args.command)
     check_prompts(args.point, args.box, image)
     out = Path(args.output)
     multimask = args.multimask
     if multimask is None:  # upstream's advice: several masks for one ambiguous point
-        multimask = len(args.point) == 1 and args.box is None
-    names = ["mask.png", "overlay.png", "result.json"]
+        multimask = len(args.point) == 1 and args.box is None and mask_input is None
+    names = ["mask.png", "overlay.png", "result.json", LOGITS]
     if multimask:
         names += [f"mask_{i}.png" for i in range(3)]
     prepare_out(out, names, args.overwrite)
 
     if kind == "sam3":
         predictor = image_predictor(args, "sam3", bpe=args.bpe, clicks=True)
+    elif kind == "sam2":
+        predictor = image_predictor(args, "sam2")
     elif args.exported is not None:
         check_one_source(args)
         predictor = exported_predictor(args.exported, precision=args.precision)
@@ -103,13 +115,16 @@ def cmd_segment(args: argparse.Namespace) -> int:
     predictor.set_image(image)
     t_embed = time.perf_counter() - t
     t = time.perf_counter()
-    masks, scores, _ = predictor.predict(coords, labels, box, multimask_output=multimask)
+    masks, scores, logits = predictor.predict(
+        coords, labels, box, mask_input=mask_input, multimask_output=multimask
+    )
     t_decode = time.perf_counter() - t
     best = int(np.argmax(scores))
     claim(out, names, "segment")
     if args.overwrite and not multimask:  # an overwritten multimask run's masks would linger
         remove_owned(out, [f"mask_{i}.png" for i in range(3)])
     save_mask_png(masks[best], out / "mask.png")
+    np.save(out / LOGITS, np.asarray(logits[best : best + 1], dtype=np.float32))
     if multimask:
         for i, m in enumerate(masks):
             save_mask_png(m, out / f"mask_{i}.png")
@@ -119,7 +134,11 @@ def cmd_segment(args: argparse.Namespace) -> int:
     result = {
         "image": str(args.image),
         "checkpoint": str(args.exported or args.checkpoint or DEFAULT_MODEL.name),
-        "prompts": {"points": args.point or [], "box": args.box},
+        "prompts": {
+            "points": args.point or [],
+            "box": args.box,
+            **({"mask_input": str(args.mask_input)} if args.mask_input is not None else {}),
+        },
         "multimask_output": multimask,
         "scores": [float(s) for s in scores],
         "best": best,
@@ -129,9 +148,32 @@ def cmd_segment(args: argparse.Namespace) -> int:
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"mask (score {scores[best]:.3f}, {result['mask_area']} px) -> {out}/mask.png, "
-        f"overlay.png, result.json"
+        f"overlay.png, result.json, {LOGITS}"
     )
     return 0
+
+
+def _mask_input(path: str | None) -> np.ndarray | None:
+    """--mask-input: a previous answer's low-res logits (``logits.npy`` of an earlier run, or
+    any ``.npy`` of ``1 x h x w`` / ``h x w`` floats); the predictor checks their size."""
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--mask-input not found: {path}")
+    try:
+        logits = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--mask-input {path}: not a NumPy .npy array ({exc})") from None
+    if logits.ndim == 2:
+        logits = logits[None]
+    if logits.ndim != 3 or logits.shape[0] != 1 or not np.issubdtype(logits.dtype, np.floating):
+        raise ValueError(
+            f"--mask-input {path}: expected 1 x h x w float logits ({LOGITS} of an earlier "
+            f"run), got {logits.dtype} {tuple(logits.shape)}"
+        )
+    if not np.isfinite(logits).all():
+        raise ValueError(f"--mask-input {path}: holds NaN or infinite values")
+    return logits.astype(np.float32)
 
 
 def _check_sam3_clicks(args: argparse.Namespace) -> None:
@@ -169,6 +211,8 @@ def _segment_sam3(args: argparse.Namespace) -> int:
     check_one_source(args)
     if args.multimask is not None:
         raise ValueError("--multimask / --single-mask are for clicks (--point), not --text")
+    if args.mask_input is not None:
+        raise ValueError("--mask-input refines clicks (--point), not --text")
     if args.text is None and not args.box:
         raise ValueError("a SAM 3 model needs --text PHRASE and/or --box X0,Y0,X1,Y1")
     if args.text is not None and not args.text.strip():
@@ -265,7 +309,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``segment``."""
     s = sub.add_parser(
         "segment",
-        help="SAM v1: one object from points and/or a box; SAM 3: every instance of a "
+        help="SAM v1 / SAM 2: one object from points and/or a box; SAM 3: every instance of a "
         "concept from --text and/or exemplar boxes",
     )
     s.add_argument("image")
@@ -282,7 +326,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="X,Y[,LABEL]",
         help="a prompt point in pixels; LABEL 1 = foreground (default), 0 = background "
-        "(SAM v1, or a SAM 3 checkpoint with its tracker: predict_inst)",
+        "(SAM v1, SAM 2, or a SAM 3 checkpoint with its tracker: predict_inst)",
     )
     s.add_argument(
         "--box",
@@ -290,8 +334,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="X0,Y0,X1,Y1",
-        help="a box in pixels; SAM v1: the object (one box); SAM 3: an exemplar of the "
-        "concept (repeatable)",
+        help="a box in pixels; SAM v1, SAM 2: the object (one box); SAM 3: an exemplar of "
+        "the concept (repeatable)",
+    )
+    s.add_argument(
+        "--mask-input",
+        default=None,
+        metavar="NPY",
+        help=f"a previous answer's low-res logits to refine ({LOGITS} of an earlier run: "
+        "upstream's mask_input), with or without new points",
     )
     s.add_argument(
         "--negative-box",
@@ -333,5 +384,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "or onnxruntime for --format onnx)",
     )
     add_precision_arg(s)
-    add_model_args(s, families=("sam_v1", "sam3"))
+    add_model_args(s, families=("sam_v1", "sam2", "sam3"))
     s.set_defaults(func=cmd_segment)

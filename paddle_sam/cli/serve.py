@@ -48,10 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="web page and HTTP API for interactive segmentation (loopback by default)",
         description="Serve a web page and an HTTP API: upload an image once, then prompt it "
-        "with points, boxes or a previous mask. With a SAM 3 checkpoint that has the tracker "
-        "(the released sam3.pt, or a .pdparams converted from it), also a video page (/video): "
-        "text or clicks on any frame, propagation, downloads. The OpenAPI schema is at "
-        "/openapi.json.",
+        "with points, boxes or a previous mask. With SAM 2, or a SAM 3 checkpoint that has the "
+        "tracker (the released sam3.pt, or a .pdparams converted from it), also a video page "
+        "(/video): clicks (SAM 3: also text) on any frame, propagation, downloads. The OpenAPI "
+        "schema is at /openapi.json.",
     )
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
@@ -111,7 +111,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="drop sessions idle this long (default: %(default)s)",
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    add_model_args(s, families=("sam_v1", "sam3"))
+    add_model_args(s, families=("sam_v1", "sam2", "sam3"))
     s.add_argument(
         "--bpe",
         default=None,
@@ -187,7 +187,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"${BASIC_AUTH_PASS_ENV} (Label Studio's ML backend setting 'Basic Authentication')",
     )
     video = s.add_argument_group(
-        "video mode (SAM 3 with its tracker: the released sam3.pt or a .pdparams converted from it)"
+        "video mode (SAM 2, or SAM 3 with its tracker: the released sam3.pt or a .pdparams "
+        "converted from it)"
     )
     video.add_argument(
         "--no-video",
@@ -287,6 +288,28 @@ def _sam3_models(
     return image, None, why, source
 
 
+def _sam2_models(
+    args: argparse.Namespace,
+) -> tuple[object, object | None, str | None, object]:
+    """SAM 2's image predictor, video predictor (None with --no-video or --label-studio), why
+    there is no video mode, and the source: one model serves both pages (SAM 2's weights are
+    one model)."""
+    from ..loading import image_predictor_of_video, load_image_predictor, load_video_predictor
+
+    if args.exported is not None:
+        raise ValueError("SAM 2 is served from --checkpoint only (there is no SAM 2 export)")
+    source = source_of(args, "sam2")
+    if args.no_video or args.label_studio:
+        why = (
+            "no video mode with --label-studio"
+            if args.label_studio
+            else "the video mode is off on this server (paddle-sam serve --no-video)"
+        )
+        return load_image_predictor(source, model_type=args.model_type), None, why, source
+    video = load_video_predictor(source, model_type=args.model_type)
+    return image_predictor_of_video(video), video, None, source
+
+
 def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
     """The Label Studio backend's options, checked before the slow model load."""
     if not args.label_studio:
@@ -364,12 +387,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     warning = _exposure_warning(args.host, args.port, token or ls_options.get("basic_auth"))
     if warning is not None:
         print(warning, file=sys.stderr)
-    sam3 = family(args) == "sam3"
+    kind = family(args)
+    sam3 = kind == "sam3"
     if not sam3 and (args.bpe is not None or args.confidence_threshold != 0.5):
         raise ValueError("--bpe and --confidence-threshold apply to --model-type sam3 only")
     video = video_refusal = source = None
     if sam3:
         model, video, video_refusal, source = _sam3_models(args)
+    elif kind == "sam2":
+        model, video, video_refusal, source = _sam2_models(args)
     elif args.exported is not None:
         check_one_source(args)
         model = exported_predictor(args.exported, precision=args.precision)

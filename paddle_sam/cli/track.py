@@ -1,12 +1,14 @@
-"""``paddle-sam track``: follow objects through a video with SAM 3.
+"""``paddle-sam track``: follow objects through a video with SAM 2 or SAM 3.
 
 Two modes, same outputs (per-object mask PNGs, a YouTube-VIS style results.json, an overlay
 MP4):
 
-- clicks and boxes (SAM 3's tracker): prompts in the video's pixels on any frame;
-  ``--obj-id N`` sets the object of the ``--point`` / ``--box`` options that follow it
-  (object 1 before any ``--obj-id``). Every prompt is added before tracking starts (the
-  tracker takes no new objects after that);
+- clicks and boxes (SAM 2's video predictor, or SAM 3's tracker), and with SAM 2 also masks:
+  prompts in the video's pixels on any frame; ``--obj-id N`` sets the object of the
+  ``--point`` / ``--box`` / ``--mask`` / ``--correct`` options that follow it (object 1
+  before any ``--obj-id``). Every prompt is added before tracking starts; with SAM 2,
+  ``--correct`` clicks are added after it, on frames already tracked, and the objects are
+  tracked again from the earliest corrected frame (upstream's correction workflow);
 - a concept (``--text "a person"``, SAM 3's dense video model): every instance of the concept
   on every frame, each with its own id, found on the prompt frame and then on each frame as
   instances enter; ``--box`` options are then exemplar boxes of the concept on the prompt
@@ -61,29 +63,57 @@ class _Prompt(argparse.Action):
         namespace.prompts = prompts
 
 
-def _group(prompts: list, num_frames: int, height: int, width: int) -> dict:
-    """``{(obj_id, frame): {"points": [[x, y]...], "labels": [...], "box": [...] | None}}``,
-    coordinates checked against the video and made relative to its size."""
+def _parse_frame_mask(text: str) -> list:
+    frame, sep, path = text.partition(",")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"--mask needs FRAME,PNG: {text!r}")
+    if not frame.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"--mask: FRAME must be a frame index: {text!r}")
+    return [float(frame), path]
+
+
+def _option(kind: str, vals: list) -> str:
+    return f"--{kind} " + ",".join(v if isinstance(v, str) else f"{v:g}" for v in vals)
+
+
+def _group(prompts: list, num_frames: int, height: int, width: int, relative: bool = True) -> dict:
+    """``{(obj_id, frame): {"points": [[x, y]...], "labels": [...], "box": [...] | None,
+    "mask": PATH | None}}``, coordinates checked against the video, made relative to its size
+    (``relative``) or kept in pixels. ``--point`` and ``--correct`` give points."""
     groups: dict[tuple[int, int], dict[str, Any]] = {}
+    sx, sy = (1.0 / width, 1.0 / height) if relative else (1.0, 1.0)
     for kind, obj_id, vals in prompts:
         frame = int(vals[0])
-        option = f"--{kind} {','.join(f'{v:g}' for v in vals)}"
+        option = _option(kind, vals)
         if frame >= num_frames:
             raise ValueError(
                 f"{option}: frame {frame} out of range: the video has {num_frames} frames "
                 f"(0-{num_frames - 1})"
             )
+        g = groups.setdefault(
+            (obj_id, frame), {"points": [], "labels": [], "box": None, "mask": None}
+        )
+        if kind == "mask":
+            if g["mask"] is not None:
+                raise ValueError(f"{option}: object {obj_id} already has a mask on frame {frame}")
+            g["mask"] = vals[1]
+            continue
         xs, ys = vals[1::2][: 2 if kind == "box" else 1], vals[2::2][: 2 if kind == "box" else 1]
         if any(not 0 <= x <= width for x in xs) or any(not 0 <= y <= height for y in ys):
             raise ValueError(f"{option}: outside the {width}x{height} video")
-        g = groups.setdefault((obj_id, frame), {"points": [], "labels": [], "box": None})
-        if kind == "point":
-            g["points"].append([vals[1] / width, vals[2] / height])
+        if kind in ("point", "correct"):
+            g["points"].append([vals[1] * sx, vals[2] * sy])
             g["labels"].append(int(vals[3]))
         elif g["box"] is not None:
             raise ValueError(f"{option}: object {obj_id} already has a box on frame {frame}")
         else:
-            g["box"] = [vals[1] / width, vals[2] / height, vals[3] / width, vals[4] / height]
+            g["box"] = [vals[1] * sx, vals[2] * sy, vals[3] * sx, vals[4] * sy]
+    for (obj_id, frame), g in groups.items():
+        if g["mask"] is not None and (g["points"] or g["box"] is not None):
+            raise ValueError(
+                f"object {obj_id} has a --mask and clicks or a box on frame {frame}: a mask "
+                "prompt replaces the others on its frame; give one or the other"
+            )
     return groups
 
 
@@ -110,12 +140,15 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict]:
 
     if args.checkpoint is None:
         raise ValueError(
-            "--checkpoint is required: a SAM 3 .pdparams converted from the released sam3.pt "
-            "(with its tracker), or sam3.pt itself"
+            "--checkpoint is required: SAM 2 (sam2.1_hiera_tiny.pt or a .pdparams converted "
+            "from it), or SAM 3 (a .pdparams converted from the released sam3.pt with its "
+            "tracker, or sam3.pt itself)"
         )
     source = sniff(args.checkpoint, "sam3")
     if source.family == "sam_v1":
-        raise ValueError(f"{source.path} is a SAM v1 model; tracking needs a SAM 3 checkpoint")
+        raise ValueError(
+            f"{source.path} is a SAM v1 model; tracking needs a SAM 2 or SAM 3 checkpoint"
+        )
     if source.layout == "pdparams" and source.lacks("video"):
         raise ValueError(
             f"{source.path} was converted without the tracker (tracker.* of sam3.pt); convert "
@@ -191,8 +224,27 @@ def cmd_track(args: argparse.Namespace) -> int:
     if args.reverse and args.both_directions:
         raise ValueError("--reverse and --both-directions do not combine")
     checkpoint, meta = _checkpoint(args)
+    sam2 = checkpoint.family == "sam2"
+    if sam2 and text is not None:
+        raise ValueError(
+            "--text needs SAM 3 (its dense video model); SAM 2 follows objects given by "
+            "--point, --box or --mask"
+        )
+    only_sam2 = sorted({f"--{kind}" for kind, _, _ in prompts if kind in ("mask", "correct")})
+    if only_sam2 and not sam2:
+        raise ValueError(
+            f"{', '.join(only_sam2)} need a SAM 2 checkpoint (sam2.1_hiera_*.pt or a "
+            ".pdparams converted from it); SAM 3's tracker takes --point and --box"
+        )
+    if sam2 and prompts and all(kind == "correct" for kind, _, _ in prompts):
+        raise ValueError(
+            "--correct refines objects after a first tracking: give each object's --point, "
+            "--box or --mask too"
+        )
     out = Path(args.output)
     _prepare_out(out, args.overwrite)
+    if sam2:
+        return _track_sam2(args, checkpoint, prompts, out)
 
     spec = meta.get("spec") or {}
     image_size = spec.get("image_size", spec.get("img_size", SAM3_SPEC.image_size))
@@ -242,6 +294,92 @@ def _track_clicks(args, checkpoint: Any, frames: Any, prompts: list, out: Path) 
                     probs = 1.0 / (1.0 + np.exp(-scores.astype("float32").numpy().reshape(-1)))
                     writer.add(frame_idx, list(obj_ids), masks.numpy()[:, 0] > 0, probs)
                     bar.update(1)
+        t_track = time.perf_counter() - t0
+        summary = writer.close()
+    _report(args, out, len(state["obj_ids"]), summary["frames"], t_track, t_load)
+    return 0
+
+
+def _read_mask(path: str, height: int, width: int) -> np.ndarray:
+    """A ``--mask`` PNG (any image the decoder reads; inside where brighter than half) of the
+    video's size, as bool."""
+    from ..predict.io import load_image
+
+    rgb = load_image(path)
+    if rgb.shape[:2] != (height, width):
+        raise ValueError(
+            f"--mask {path}: {rgb.shape[1]}x{rgb.shape[0]} pixels, the video is {width}x{height}"
+        )
+    return rgb.max(axis=2) > 127
+
+
+def _track_sam2(args, checkpoint: Any, prompts: list, out: Path) -> int:
+    """Objects given by clicks, boxes and masks through the video with SAM 2's video
+    predictor (upstream's API); then ``--correct`` clicks on tracked frames and the objects
+    tracked again from the earliest of them."""
+    from tqdm import tqdm
+
+    from ..loading import load_video_predictor
+    from ..predict.sam2.video_requests import object_probs
+    from ..predict.video import open_video
+
+    initial = [p for p in prompts if p[0] != "correct"]
+    corrections = [p for p in prompts if p[0] == "correct"]
+    t0 = time.perf_counter()
+    tracker = load_video_predictor(checkpoint, kind="tracker")
+    t_load = time.perf_counter() - t0
+    frames = open_video(args.video, image_size=tracker.image_size)
+    h, w = frames.height, frames.width
+    groups = _group(initial, len(frames), h, w, relative=False)
+    fixes = _group(corrections, len(frames), h, w, relative=False)
+    masks = {key: _read_mask(g["mask"], h, w) for key, g in groups.items() if g["mask"]}
+    start = min(frame for _, frame in groups) if args.start_frame is None else args.start_frame
+    _check_start(start, len(frames))
+    state = tracker.init_state(frames)
+    for (obj_id, frame), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if g["mask"] is not None:
+            tracker.add_new_mask(state, frame, obj_id, masks[(obj_id, frame)])
+        else:
+            tracker.add_new_points_or_box(
+                state,
+                frame,
+                obj_id,
+                points=g["points"] or None,
+                labels=g["labels"] or None,
+                box=g["box"],
+            )
+    directions, todo = _directions(args, start, len(frames))
+    again = min((frame for _, frame in fixes), default=None)
+    if again is not None:
+        todo += _directions(args, again, len(frames))[1]
+
+    def propagate(bar: Any, writer: Any, first: int) -> None:
+        for reverse in directions:
+            for frame_idx, obj_ids, logits in tracker.propagate_in_video(
+                state,
+                start_frame_idx=first,
+                max_frame_num_to_track=args.max_frames,
+                reverse=reverse,
+            ):
+                probs = object_probs(state, frame_idx)
+                writer.add(frame_idx, list(obj_ids), logits.numpy()[:, 0] > 0.0, probs)
+                bar.update(1)
+
+    t0 = time.perf_counter()
+    with _writer(args, out, frames) as writer:
+        with tqdm(total=todo, desc="track", unit="frame", disable=args.quiet) as bar:
+            propagate(bar, writer, start)
+            if again is not None:
+                for (obj_id, frame), g in sorted(fixes.items(), key=lambda kv: kv[0][::-1]):
+                    tracker.add_new_points_or_box(
+                        state,
+                        frame,
+                        obj_id,
+                        points=g["points"],
+                        labels=g["labels"],
+                        clear_old_points=False,
+                    )
+                propagate(bar, writer, again)
         t_track = time.perf_counter() - t0
         summary = writer.close()
     _report(args, out, len(state["obj_ids"]), summary["frames"], t_track, t_load)
@@ -344,10 +482,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``track``."""
     s = sub.add_parser(
         "track",
-        help="SAM 3: follow clicked objects, or every instance of a concept, through a video",
-        description="Follow clicked or boxed objects (SAM 3's tracker), or every instance of "
-        "a concept (--text, SAM 3's dense video model), through a video: per-object mask PNGs, "
-        "a YouTube-VIS style results.json and an overlay MP4.",
+        help="SAM 2 / SAM 3: follow clicked objects, or every instance of a concept (SAM 3), "
+        "through a video",
+        description="Follow clicked, boxed or (SAM 2) masked objects (SAM 2's video predictor "
+        "or SAM 3's tracker), or every instance of a concept (--text, SAM 3's dense video "
+        "model), through a video: per-object mask PNGs, a YouTube-VIS style results.json and "
+        "an overlay MP4. The model family is read from --checkpoint.",
     )
     s.add_argument("video", help="a video file (MP4, MOV, AVI, MKV, WEBM) or a folder of frames")
     s.add_argument(
@@ -366,6 +506,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "an exemplar box of the concept",
     )
     s.add_argument(
+        "--mask",
+        type=_parse_frame_mask,
+        action=_Prompt,
+        metavar="FRAME,PNG",
+        help="SAM 2: the object's mask on frame FRAME, an image of the video's size (inside "
+        "where brighter than half, e.g. a mask PNG this command wrote)",
+    )
+    s.add_argument(
+        "--correct",
+        type=_parse_frame_point,
+        action=_Prompt,
+        metavar="FRAME,X,Y[,LABEL]",
+        help="SAM 2: a correction click added after a first tracking (on a tracked frame, to "
+        "the object's clicks there); the objects are then tracked again from the earliest "
+        "corrected frame",
+    )
+    s.add_argument(
         "--text",
         default=None,
         metavar="CONCEPT",
@@ -377,9 +534,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=positive(int),
         default=1,
         metavar="N",
-        help="the object of the --point / --box options that follow (default 1)",
+        help="the object of the --point / --box / --mask / --correct options that follow "
+        "(default 1)",
     )
-    s.add_argument("--checkpoint", default=None, help="SAM 3 .pdparams (or the released sam3.pt)")
+    s.add_argument(
+        "--checkpoint",
+        default=None,
+        help="SAM 2 (sam2.1_hiera_*.pt or a .pdparams converted from it) or SAM 3 (.pdparams, "
+        "or the released sam3.pt)",
+    )
     s.add_argument("-o", "--output", required=True, help="output folder")
     s.add_argument(
         "--start-frame",

@@ -1,5 +1,5 @@
-"""What a worker runs on one image: SAM v1's automatic masks (``--everything``) or every
-instance of SAM 3 concepts (``--text``), as COCO annotations without ids."""
+"""What a worker runs on one image: SAM v1's or SAM 2's automatic masks (``--everything``) or
+every instance of SAM 3 concepts (``--text``), as COCO annotations without ids."""
 
 from __future__ import annotations
 
@@ -69,19 +69,30 @@ def _annotation(mask: np.ndarray, score: float, category_id: int, **extra) -> di
 
 
 class EverythingLabeler:
-    """SAM v1's automatic mask generator (dynamic model or Paddle Inference export)."""
+    """The automatic mask generator of SAM v1 (dynamic model or Paddle Inference export) or of
+    SAM 2."""
 
     def __init__(self, spec: LabelSpec) -> None:
-        from ..loading import load_image_predictor
+        from ..loading import load_image_predictor, load_model
         from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
-        model = load_image_predictor(spec.source("sam_v1"), model_type=spec.model_type)
+        source = spec.source("sam_v1")
+        options = {**EVERYTHING_DEFAULTS, **spec.everything}
+        if source.family == "sam2":
+            from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
+
+            self.generator: Any = SAM2AutomaticMaskGenerator(
+                load_model(source, model_type=spec.model_type),
+                output_mode="binary_mask",
+                **options,
+            )
+            return
+        model = load_image_predictor(source, model_type=spec.model_type)
         if not hasattr(model, "predict_point_grid"):
             raise ValueError(
                 f"--exported {spec.exported}: --everything runs on a Paddle Inference export of "
                 "SAM v1 (paddle-sam export --format pir), not on this one"
             )
-        options = {**EVERYTHING_DEFAULTS, **spec.everything}
         self.generator = SamAutomaticMaskGenerator(model, output_mode="binary_mask", **options)
 
     def label(self, image: np.ndarray) -> list[dict]:

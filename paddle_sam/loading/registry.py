@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..convert.source import Source, sniff
+from ..models.sam2.build_sam import SAM2_SPECS
 from ..models.sam_v1.build_sam import SAM_SPECS
 from .sam3 import DEFAULT_SAM3_MODEL
 from .sam_v1 import DEFAULT_MODEL
@@ -34,15 +35,17 @@ class SourceRefused(ValueError):
 class Family:
     """A model family: its names, its bundled model and how to load each of its parts.
 
-    ``load_model(source, options)`` returns the dynamic model; ``image_predictor(model,
-    options)`` wraps one; ``video_predictor(source, options)`` builds the video predictor
-    (None: the family has no video). ``owns(obj)`` tells whether a model object is of this
-    family, for :func:`as_image_predictor`."""
+    ``default``: the bundled demo model (None: the family has none, every command then needs
+    ``--checkpoint``; ``default_name``, ``default_notice`` and ``recipe`` say where to get
+    weights). ``load_model(source, options)`` returns the dynamic model;
+    ``image_predictor(model, options)`` wraps one; ``video_predictor(source, options)``
+    builds the video predictor (None: the family has no video). ``owns(obj)`` tells whether
+    a model object is of this family, for :func:`as_image_predictor`."""
 
     name: str
     title: str
     model_types: tuple[str, ...]
-    default: Path
+    default: Path | None
     default_name: str
     default_notice: str
     recipe: str
@@ -119,6 +122,48 @@ def _sam3_video(source: Source, options: dict) -> Any:
     return build_sam3_video_predictor(checkpoint_path=source.path, bpe_path=options.get("bpe"))
 
 
+# -- SAM 2 / 2.1 -------------------------------------------------------------------------
+
+
+def _sam2_model(source: Source, options: dict) -> Any:
+    from .sam2 import load_sam2
+
+    return load_sam2(source.path, model_type=_sam2_model_type(options))
+
+
+def _sam2_model_type(options: dict) -> str | None:
+    """``--model-type`` where it names a SAM 2 size (the checkpoint's sizes must match)."""
+    model_type = options.get("model_type")
+    return model_type if model_type in SAM2_SPECS else None
+
+
+def _sam2_predictor(model: Any, options: dict) -> Any:
+    from ..predict.sam2.predictor import Sam2Predictor
+
+    return Sam2Predictor(model)
+
+
+def _sam2_owns(obj: Any) -> bool:
+    from ..models.sam2.sam2_base import SAM2Base
+    from ..predict.sam2.predictor import SAM2ImagePredictor
+
+    return isinstance(obj, SAM2Base | SAM2ImagePredictor)
+
+
+def _sam2_is_predictor(obj: Any) -> bool:
+    from ..predict.sam2.predictor import Sam2Predictor
+
+    return isinstance(obj, Sam2Predictor)
+
+
+def _sam2_video(source: Source, options: dict) -> Any:
+    from ..predict.sam2.video_requests import Sam2VideoRequests
+    from .sam2 import load_sam2_video_predictor
+
+    tracker = load_sam2_video_predictor(source.path, model_type=_sam2_model_type(options))
+    return tracker if options.get("kind", "requests") == "tracker" else Sam2VideoRequests(tracker)
+
+
 FAMILIES: dict[str, Family] = {
     "sam_v1": Family(
         name="sam_v1",
@@ -149,6 +194,20 @@ FAMILIES: dict[str, Family] = {
         owns=_sam3_owns,
         is_predictor=_sam3_is_predictor,
         video_predictor=_sam3_video,
+    ),
+    "sam2": Family(
+        name="sam2",
+        title="SAM 2",
+        model_types=tuple(sorted(SAM2_SPECS)),
+        default=None,
+        default_name="SAM 2",
+        recipe="paddle-sam download sam2.1_hiera_tiny",
+        default_notice="SAM 2 has no bundled model",
+        load_model=_sam2_model,
+        image_predictor=_sam2_predictor,
+        owns=_sam2_owns,
+        is_predictor=_sam2_is_predictor,
+        video_predictor=_sam2_video,
     ),
 }
 
@@ -230,6 +289,12 @@ def resolve(
 def bundled(family: str) -> Source:
     """The bundled demo model of ``family``; a clear error when this install has none."""
     fam = FAMILIES[family]
+    if fam.default is None:
+        raise ValueError(
+            f"no --checkpoint given, and {fam.title} has no bundled model: pass --checkpoint "
+            f"FILE (an official .pt, or a .pdparams converted from it; '{fam.recipe}' fetches "
+            "and converts one)"
+        )
     if not fam.default.is_file():
         raise ValueError(
             f"no --checkpoint given, and this install has no default {fam.title} "
@@ -241,13 +306,13 @@ def bundled(family: str) -> Source:
 
 def is_bundled(source: Source) -> bool:
     """True for a family's bundled demo model."""
-    return any(source.path == fam.default for fam in FAMILIES.values())
+    return any(fam.default is not None and source.path == fam.default for fam in FAMILIES.values())
 
 
 def bundled_notice(source: Source) -> str | None:
     """What a command prints when it runs a bundled demo model, or None for any other."""
     for fam in FAMILIES.values():
-        if source.path == fam.default:
+        if fam.default is not None and source.path == fam.default:
             return (
                 f"using the default {fam.default_name} ({fam.default.name}, {fam.default_notice})"
             )
@@ -264,10 +329,14 @@ BUNDLED_GENERATOR: dict[str, Any] = {
 
 
 def generator_defaults_for(source: Source | None) -> dict[str, Any]:
-    """The automatic mask generator's defaults for ``source``: upstream's, or
-    :data:`BUNDLED_GENERATOR`'s values for the bundled SAM v1."""
+    """The automatic mask generator's defaults for ``source``: upstream's (SAM 2's for a SAM 2
+    source), or :data:`BUNDLED_GENERATOR`'s values for the bundled SAM v1."""
     from ..predict.sam_v1.automatic_mask_generator import generator_defaults
 
+    if source is not None and source.family == "sam2":
+        from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
+
+        return generator_defaults(SAM2AutomaticMaskGenerator)
     defaults = generator_defaults()
     if source is not None and source.path == FAMILIES["sam_v1"].default:
         defaults.update(BUNDLED_GENERATOR)
@@ -307,11 +376,11 @@ def require(source: Source, part: str, why: str) -> None:
 
 _NEEDS = {
     "image": "an image model",
-    "clicks": "a model that takes clicks (SAM v1, or SAM 3 with its tracker's heads: the "
-    "released sam3.pt or a .pdparams converted from it)",
+    "clicks": "a model that takes clicks (SAM v1, SAM 2, or SAM 3 with its tracker's heads: "
+    "the released sam3.pt or a .pdparams converted from it)",
     "text": "SAM 3 (--model-type sam3 and a SAM 3 checkpoint)",
-    "video": "SAM 3 with its video tracker (the released sam3.pt, or a .pdparams converted "
-    "from it with the tracker)",
+    "video": "SAM 2, or SAM 3 with its video tracker (the released sam3.pt, or a .pdparams "
+    "converted from it with the tracker)",
 }
 
 
@@ -322,19 +391,14 @@ def _family(source: Source) -> Family:
             f"{source.path.name}.json next to it, and no key names readable without loading "
             "it); pass --model-type"
         )
-    if source.family not in FAMILIES:  # read by the converter and the Python API only
-        raise SourceRefused(
-            f"{source.path} is {source.describe()}: this command does not take SAM 2 models "
-            "yet; use the Python API (paddle_sam.loading.sam2: build_sam2, "
-            "load_sam2_predictor) or paddle-sam convert"
-        )
     return FAMILIES[source.family]
 
 
 def load_model(source: Source, **options: Any) -> Any:
-    """The dynamic model of ``source`` (a SAM v1 ``Sam`` or a SAM 3 ``Sam3Image``), weights
-    loaded strictly. ``options``: ``model_type`` (SAM v1), ``bpe`` and ``clicks`` (SAM 3: build
-    the tracker's heads for clicks)."""
+    """The dynamic model of ``source`` (a SAM v1 ``Sam``, a SAM 2 ``SAM2Base`` or a SAM 3
+    ``Sam3Image``), weights loaded strictly. ``options``: ``model_type`` (SAM v1; SAM 2: a
+    released size, which the checkpoint's must be), ``bpe`` and ``clicks`` (SAM 3: build the
+    tracker's heads for clicks)."""
     if source.exported:
         raise SourceRefused(
             f"{source.path} is an export folder ({source.describe()}): it holds programs for a "
@@ -344,8 +408,9 @@ def load_model(source: Source, **options: Any) -> Any:
 
 
 def load_image_predictor(source: Source, **options: Any) -> Any:
-    """The image predictor of ``source``: ``SamPredictor`` / ``Sam3Predictor`` over the dynamic
-    model, or the runtime of an export folder.
+    """The image predictor of ``source``: ``SamPredictor`` / ``Sam2Predictor`` (around
+    ``SAM2ImagePredictor``) / ``Sam3Predictor`` over the dynamic model, or the runtime of an
+    export folder.
 
     ``options``: ``model_type``; ``clicks`` (True: refuse a source without them; False: build
     no interactive part; default: as the source allows); ``bpe`` and ``confidence_threshold``
@@ -378,10 +443,11 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
 
 def video_refusal(source: Source) -> str | None:
     """Why ``source`` has no video mode, or None when it has one."""
-    if source.family is not None and source.family not in FAMILIES:
-        return f"{source.path} is {source.describe()}: video from this command needs SAM 3"
     if source.family is not None and FAMILIES[source.family].video_predictor is None:
-        return f"{source.path} is {source.describe()}: video needs SAM 3 with its video tracker"
+        return (
+            f"{source.path} is {source.describe()}: video needs SAM 2, or SAM 3 with its "
+            "video tracker"
+        )
     if source.exported:
         return (
             f"{source.path} is an export folder: video runs on the dynamic model (pass the "
@@ -415,6 +481,8 @@ def video_predictor_or_refusal(source: Source, **options: Any) -> tuple[Any, str
     try:
         return load_video_predictor(source, **options), None
     except CheckpointMismatchError as exc:
+        if source.family != "sam3":  # one model for images and video: nothing to serve
+            raise
         return None, f"its tracker weights do not make SAM 3's video tracker ({exc})"
     except ValueError as exc:
         if "d_model" not in str(exc):
@@ -423,10 +491,16 @@ def video_predictor_or_refusal(source: Source, **options: Any) -> tuple[Any, str
 
 
 def load_video_predictor(source: Source, **options: Any) -> Any:
-    """The video predictor of ``source``: SAM 3's dense video predictor (upstream's request API;
-    ``kind="dense"``, the default) or its tracker alone (``kind="tracker"``: clicks, boxes and
-    masks through upstream's SAM 2 style API). ``bpe``: the tokenizer's vocabulary. Refused
-    (:class:`SourceRefused`) with :func:`video_refusal`'s reason."""
+    """The video predictor of ``source``, by ``kind``:
+
+    - SAM 3: its dense video predictor (upstream's request API; ``kind="dense"``, the
+      default) or its tracker alone (``kind="tracker"``: clicks, boxes and masks through
+      upstream's SAM 2 style API); ``bpe``: the tokenizer's vocabulary;
+    - SAM 2: upstream's ``SAM2VideoPredictor`` (``kind="tracker"``), or the same behind SAM
+      3's request API (any other kind: ``Sam2VideoRequests``, what the service drives);
+      ``model_type``: a released size the checkpoint's must be.
+
+    Refused (:class:`SourceRefused`) with :func:`video_refusal`'s reason."""
     why = video_refusal(source)
     if why is not None:
         raise SourceRefused(why)
@@ -452,31 +526,55 @@ def as_image_predictor(model_or_predictor: Any, caller: str = "this") -> Any:
 
 
 def is_video_model(x: Any) -> bool:
-    """True for SAM 3's video model or a video predictor around it."""
+    """True for SAM 3's video model or a video predictor around it, and for SAM 2's video
+    predictor (upstream's, or behind the request API)."""
     from ..models.sam3.sam3_video_inference import Sam3VideoInferenceWithInstanceInteractivity
 
-    return isinstance(x, Sam3VideoInferenceWithInstanceInteractivity) or (
-        hasattr(x, "handle_stream_request")
-        and isinstance(getattr(x, "model", None), Sam3VideoInferenceWithInstanceInteractivity)
+    return _is_sam2_video(x) or (
+        isinstance(x, Sam3VideoInferenceWithInstanceInteractivity)
+        or (
+            hasattr(x, "handle_stream_request")
+            and isinstance(getattr(x, "model", None), Sam3VideoInferenceWithInstanceInteractivity)
+        )
     )
 
 
+def _is_sam2_video(x: Any) -> bool:
+    from ..predict.sam2.video_predictor import SAM2VideoPredictor
+    from ..predict.sam2.video_requests import Sam2VideoRequests
+
+    return isinstance(x, SAM2VideoPredictor | Sam2VideoRequests)
+
+
 def as_video_predictor(video: Any) -> Any:
-    """A ``Sam3VideoPredictor`` (anything with ``handle_request`` and ``handle_stream_request``)
-    as it is, or SAM 3's video model wrapped in one; None stays None."""
+    """A predictor with the request API (``handle_request`` and ``handle_stream_request``:
+    ``Sam3VideoPredictor``, ``Sam2VideoRequests``) as it is; SAM 3's video model or SAM 2's
+    ``SAM2VideoPredictor`` wrapped in one; None stays None."""
     if video is None or hasattr(video, "handle_stream_request"):
         return video
+    from ..predict.sam2.video_predictor import SAM2VideoPredictor
+
+    if isinstance(video, SAM2VideoPredictor):
+        from ..predict.sam2.video_requests import Sam2VideoRequests
+
+        return Sam2VideoRequests(video)
     from ..predict.sam3.video_predictor import Sam3VideoPredictor
 
     return Sam3VideoPredictor(video)
 
 
 def image_predictor_of_video(video: Any, confidence_threshold: float = 0.5) -> Any:
-    """The image predictor inside SAM 3's video model (or predictor), able to answer clicks:
-    its detector, given the tracker as ``predict_inst``'s interactive predictor (upstream's
-    image model holds the same: a ``SAM3InteractiveImagePredictor`` around a tracker with the
-    same ``tracker.*`` weights). The video code never reads it; the weights are not copied:
-    one copy serves both pages."""
+    """The image predictor inside a video model (or predictor), able to answer clicks; the
+    weights are not copied: one copy serves both pages.
+
+    SAM 2: its model (a ``SAM2Base``) in a ``Sam2Predictor``. SAM 3: its detector, given the
+    tracker as ``predict_inst``'s interactive predictor (upstream's image model holds the
+    same: a ``SAM3InteractiveImagePredictor`` around a tracker with the same ``tracker.*``
+    weights); the video code never reads it."""
+    if _is_sam2_video(video):
+        from ..predict.sam2.predictor import Sam2Predictor
+
+        return Sam2Predictor(getattr(video, "model", video))
     from ..models.sam3.interactive import SAM3InteractiveImagePredictor
     from ..predict.sam3.predictor import Sam3Predictor
 

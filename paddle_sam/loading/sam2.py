@@ -183,11 +183,36 @@ def load_sam2_weights(model: SAM2Base, path: str | os.PathLike) -> None:
     load_state_strict(model, read_sam2_weights(path, spec), where=f"{path}: ")
 
 
-def load_sam2(checkpoint: str | os.PathLike, apply_postprocessing: bool = True) -> SAM2Base:
-    """SAM 2 of the sizes ``checkpoint`` holds (:func:`checkpoint_spec`), strictly loaded."""
+def _config(checkpoint: str | os.PathLike, model_type: str | None) -> str | Sam2Spec:
+    """The config of a checkpoint: the released size ``model_type`` names (the checkpoint's
+    sizes are checked against it when it is loaded), else the sizes it holds."""
+    if model_type is not None:
+        if model_type not in SAM2_SPECS:
+            known = ", ".join(sorted(SAM2_SPECS))
+            raise ValueError(f"--model-type {model_type} is not a SAM 2 size ({known})")
+        return model_type
     spec = checkpoint_spec(checkpoint)
     assert spec is not None
-    return build_sam2(spec, checkpoint, apply_postprocessing=apply_postprocessing)
+    return spec
+
+
+def load_sam2(
+    checkpoint: str | os.PathLike,
+    apply_postprocessing: bool = True,
+    model_type: str | None = None,
+) -> SAM2Base:
+    """SAM 2 of the sizes ``checkpoint`` holds (:func:`checkpoint_spec`; or of the released
+    size ``model_type``, which they must be), strictly loaded."""
+    config = _config(checkpoint, model_type)
+    return build_sam2(config, checkpoint, apply_postprocessing=apply_postprocessing)
+
+
+def load_sam2_video_predictor(
+    checkpoint: str | os.PathLike, model_type: str | None = None, **kwargs: Any
+) -> SAM2VideoPredictor:
+    """:func:`build_sam2_video_predictor` of the sizes ``checkpoint`` holds (or of the
+    released size ``model_type``); ``kwargs`` go to it (upstream's defaults otherwise)."""
+    return build_sam2_video_predictor(_config(checkpoint, model_type), checkpoint, **kwargs)
 
 
 def load_sam2_predictor(checkpoint: str | os.PathLike, **kwargs: Any) -> SAM2ImagePredictor:
@@ -202,6 +227,7 @@ __all__ = [
     "checkpoint_spec",
     "load_sam2",
     "load_sam2_predictor",
+    "load_sam2_video_predictor",
     "load_sam2_weights",
     "sam2_spec_of",
 ]

@@ -5,7 +5,7 @@ a box, the previous answer's mask, text for models that take it) are decoded aga
 session's cached embedding by restoring it into the shared predictor. Paddle is not
 thread-safe, so every model call runs under one lock; PNG and RLE encoding run outside it.
 
-With a SAM 3 video predictor (``video=``), the video mode: ``/videos`` sessions in the same
+With a SAM 3 or SAM 2 video predictor (``video=``), the video mode: ``/videos`` sessions in the same
 cache and budget, propagation jobs on the same queue, the page at ``/video``.
 
 ``create_app(model_or_predictor)`` builds the app in-process (tests use a tiny model);
@@ -55,9 +55,9 @@ from .state import Gates, Limits
 from .video import VideoLimits, VideoService
 
 NO_VIDEO_MODEL = (
-    "this server has no video mode: it needs SAM 3 with its tracker; start it with "
-    "'paddle-sam serve --model-type sam3 --checkpoint sam3.pt' (the released file, or a "
-    ".pdparams converted from it with its tracker)"
+    "this server has no video mode: it needs SAM 2, or SAM 3 with its tracker; start it with "
+    "'paddle-sam serve --checkpoint sam2.1_hiera_tiny.pt' or 'paddle-sam serve --model-type "
+    "sam3 --checkpoint sam3.pt' (the released files, or .pdparams converted from them)"
 )
 
 
@@ -81,8 +81,9 @@ def create_app(
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS,
     source: Any = None,
 ) -> FastAPI:
-    """The service and its web page for a SAM model (wrapped in a SamPredictor), a SAM 3
-    image model (wrapped in a ``Sam3Predictor``) or a predictor.
+    """The service and its web page for a SAM model (wrapped in a SamPredictor), a SAM 2
+    model (wrapped in a ``Sam2Predictor``), a SAM 3 image model (wrapped in a
+    ``Sam3Predictor``) or a predictor.
 
     ``threads``: CPU threads per model call (default: the calling thread's current setting).
     ``token``: every API route then needs ``Authorization: Bearer TOKEN`` (the page and its
@@ -91,9 +92,10 @@ def create_app(
     ``max_queued_jobs``: "everything" jobs and propagations waiting or running at once (429
     beyond).
 
-    ``video``: SAM 3's video predictor (``Sam3VideoPredictor``) or video model, for the video
-    mode (``/videos``, the page at ``/video``); ``model_or_predictor`` may be it alone (its
-    detector then serves the image page: one copy of the weights). Without it those routes
+    ``video``: SAM 3's video predictor (``Sam3VideoPredictor``) or video model, or SAM 2's
+    (``SAM2VideoPredictor``, or ``Sam2VideoRequests`` around it), for the video mode
+    (``/videos``, the page at ``/video``); ``model_or_predictor`` may be it alone (its image
+    part then serves the image page: one copy of the weights). Without it those routes
     answer 400
     ``video_not_supported`` with ``video_refusal`` (a default naming what is needed). Its
     limits: ``max_video_upload_mb`` (the file), ``max_video_frames``, ``max_video_seconds``,
@@ -105,8 +107,8 @@ def create_app(
     """
     check_token(token)
     if is_video_model(model_or_predictor) and video is None:
-        # SAM 3's video model alone: its detector (the image model, with the tracker's heads
-        # for clicks) answers the image page, the same weights the video mode
+        # a video model alone: its image part (SAM 3's detector with the tracker's heads for
+        # clicks; SAM 2's model) answers the image page, the same weights the video mode
         video = as_video_predictor(model_or_predictor)
         model_or_predictor = image_predictor_of_video(video)
 

@@ -108,7 +108,8 @@ class VideoPromptRequest(BaseModel):
     ``text`` and/or ``boxes`` (exemplars): SAM 3 detects every instance on that frame and
     starts over (every earlier object replaced). ``points``: one object's clicks on that frame
     (all of them: they replace the object's earlier clicks on the frame); ``obj_id`` an
-    existing object to refine it, a new one (or none: the next free id) to add one.
+    existing object to refine it, a new one (or none: the next free id) to add one. SAM 2
+    takes no text: ``points`` and/or one box are one object's (``obj_id`` as for points).
     """
 
     model_config = ConfigDict(extra="forbid")

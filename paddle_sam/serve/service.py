@@ -87,9 +87,15 @@ class ModelService:
         return "paddle-inference" if hasattr(self.predictor, "manifest") else "dygraph"
 
     @property
+    def sam2(self) -> bool:
+        from ..predict.sam2.predictor import Sam2Predictor
+
+        return isinstance(self.predictor, Sam2Predictor)
+
+    @property
     def supports_everything(self) -> bool:
-        # SAM v1, dynamic or on Paddle Inference (not ONNX, not SAM 3)
-        return hasattr(self.predictor, "predict_point_grid")
+        # SAM v1, dynamic or on Paddle Inference (not ONNX, not SAM 3), and SAM 2
+        return hasattr(self.predictor, "predict_point_grid") or self.sam2
 
     @property
     def everything_refusal(self) -> str:
@@ -345,12 +351,73 @@ class _SessionGrid:
         self._state = {}
 
 
+class _Sam2SessionGrid:
+    """The service's SAM 2 predictor (``Sam2Predictor``) as ``SAM2AutomaticMaskGenerator``'s,
+    for one session's image: as :class:`_SessionGrid`, the session's features are put back
+    before every batch, and a crop is embedded on the shared predictor and its features kept
+    here. ``min_region_area`` is the generator's ``min_mask_region_area``, which upstream
+    gives the predictor as its hole and speck areas."""
+
+    def __init__(self, service: ModelService, session: Session, min_region_area: int) -> None:
+        self._service = service
+        self._wrapper = service.predictor
+        self._inner = self._wrapper.predictor  # the SAM2ImagePredictor
+        self._session = session
+        self._state: dict[str, Any] | None = None
+        self.max_hole_area = self.max_sprinkle_area = min_region_area
+
+    @property
+    def _orig_hw(self) -> list:
+        return self._state["orig_hw"]
+
+    def set_image(self, image: np.ndarray) -> None:
+        whole = self._session.state["image_state"]
+        if tuple(image.shape[:2]) == tuple(whole["orig_hw"][0]):
+            self._state = whole  # the whole image: its features are kept
+        else:  # a crop needs its own
+            self._wrapper.set_image(image)
+            self._state = self._wrapper.image_state
+
+    def _activate(self) -> Any:
+        self._service.restore({"image_state": self._state})
+        return self._wrapper.activate()
+
+    def _transform_coords(self, *args: Any) -> Any:
+        return self._inner._transform_coords(*args)
+
+    def _decode(self, *args: Any, **kwargs: Any) -> Any:
+        return self._activate()._decode(*args, **kwargs)
+
+    def _predict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._activate()._predict(*args, **kwargs)
+
+    def _postprocess_masks(self, masks: Any, orig_hw: tuple[int, int]) -> Any:
+        inner = self._inner
+        kept = inner.max_hole_area, inner.max_sprinkle_area
+        inner.max_hole_area, inner.max_sprinkle_area = self.max_hole_area, self.max_sprinkle_area
+        try:
+            return inner._postprocess_masks(masks, orig_hw)
+        finally:
+            inner.max_hole_area, inner.max_sprinkle_area = kept
+
+    def reset_predictor(self) -> None:
+        self._state = None
+
+
 def _everything_generator(service: ModelService, session: Session, job: EverythingJob, **kw):
     """A mask generator on the session's image (its embedding reused) that reports progress
-    per batch and gives the model lock back between batches."""
+    per batch and gives the model lock back between batches: SAM v1's, or SAM 2's."""
     from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
-    class SessionGenerator(SamAutomaticMaskGenerator):
+    if service.sam2:
+        from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
+
+        base: type = SAM2AutomaticMaskGenerator
+        grid: Any = _Sam2SessionGrid(service, session, kw.get("min_mask_region_area", 0))
+    else:
+        base, grid = SamAutomaticMaskGenerator, _SessionGrid(service, session)
+
+    class SessionGenerator(base):  # type: ignore[misc, valid-type]
         def _process_batch(self, *args, **kwargs):
             if job.cancel.is_set():
                 raise JobCancelled()
@@ -359,7 +426,7 @@ def _everything_generator(service: ModelService, session: Session, job: Everythi
             job.done += 1
             return out
 
-    return SessionGenerator(_SessionGrid(service, session), output_mode="coco_rle", **kw)
+    return SessionGenerator(grid, output_mode="coco_rle", **kw)
 
 
 def _run_everything(

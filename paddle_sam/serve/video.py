@@ -1,5 +1,6 @@
-"""The service's video mode: SAM 3's video predictor behind the model lock, one session per
-uploaded video in the shared session cache, propagation as a background job.
+"""The service's video mode: SAM 3's video predictor (or SAM 2's, behind the same request API:
+``Sam2VideoRequests``) behind the model lock, one session per uploaded video in the shared
+session cache, propagation as a background job.
 
 A video session holds the uploaded file (in the service's temporary folder), a frame reader
 for its RGB frames (:func:`paddle_sam.predict.video.open_video`, a few decoded frames kept),
@@ -431,6 +432,12 @@ class VideoService:
         self.workdir = Path(tempfile.mkdtemp(prefix="paddle-sam-video-"))
         self.last_start_seconds: float | None = None
 
+    @property
+    def takes_text(self) -> bool:
+        """Whether the predictor takes text and exemplar boxes (SAM 3); SAM 2 takes one
+        object's clicks and/or box."""
+        return bool(getattr(self.predictor, "takes_text", True))
+
     # -- predictor calls --
 
     def call(self, request: dict) -> dict:
@@ -558,7 +565,9 @@ class VideoService:
         out = self.call(request)
         objects = frame_objects(out["outputs"])
         frame = int(out["frame_index"])
-        detection = request.get("text") is not None or request.get("bounding_boxes") is not None
+        detection = self.takes_text and (
+            request.get("text") is not None or request.get("bounding_boxes") is not None
+        )
         with session.lock:
             if detection:  # SAM 3 starts over: the detections on this frame are the objects
                 session.start_over()
@@ -600,6 +609,8 @@ class VideoService:
             total += min(start + m, n - 1) - start + 1
         if direction in ("both", "backward"):
             total += start - max(start - m, 0)
+            # SAM 2 visits the start frame again on its way back
+            total += int(getattr(self.predictor, "backward_includes_start", False))
         return total
 
     def start_propagation(

@@ -3,6 +3,8 @@
 
 Without a video predictor (a SAM v1 model, or SAM 3 without the tracker's weights) every
 ``/videos`` route answers 400 ``video_not_supported`` with the reason, and the page says it.
+With SAM 2 a prompt is one object's clicks and/or box (``text`` is refused with 400
+``text_not_supported``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import Message
 
+from ..predict.sam2.video_requests import NO_TEXT
 from .errors import ServiceError
 from .guard import BodyTooLarge
 from .routes import STATIC_DIR
@@ -79,6 +82,8 @@ def _add_prompt_request(
 ) -> dict[str, Any]:
     """The predictor's ``add_prompt`` fields for a checked request (pixels -> [0, 1]); call
     with the session's ``op_lock`` held (a new object's id is chosen here)."""
+    if not vs.takes_text:
+        return _object_prompt_request(vs, s, req)
     detection = req.text is not None or req.boxes is not None
     if req.points is not None and detection:
         raise ServiceError(
@@ -136,6 +141,52 @@ def _add_prompt_request(
         out["obj_id"] = req.obj_id if req.obj_id is not None else vs.next_obj_id(s)
     elif req.labels is not None:
         raise ServiceError(400, "invalid_prompt", "labels without points")
+    return out
+
+
+def _object_prompt_request(
+    vs: VideoService, s: VideoSession, req: VideoPromptRequest
+) -> dict[str, Any]:
+    """SAM 2's ``add_prompt`` fields: one object's clicks and/or box (no text, no exemplars);
+    a new object unless ``obj_id`` names one."""
+    if req.text is not None:
+        raise ServiceError(400, "text_not_supported", NO_TEXT)
+    if req.points is None and req.boxes is None:
+        raise ServiceError(400, "empty_prompt", "give points and/or a box for the object")
+    w, h = s.width, s.height
+    out: dict[str, Any] = {"frame_index": _check_frame(s, req.frame_index)}
+    if req.boxes is not None:
+        if len(req.boxes) != 1 or (req.box_labels is not None and list(req.box_labels) != [1]):
+            raise ServiceError(
+                400,
+                "invalid_prompt",
+                "SAM 2 takes one box per object, the object's own (no negative box)",
+            )
+        x0, y0, x1, y1 = req.boxes[0]
+        _check_xy(s, x0, y0, "box corner")
+        _check_xy(s, x1, y1, "box corner")
+        if not (x1 > x0 and y1 > y0):
+            raise ServiceError(
+                400,
+                "invalid_prompt",
+                f"box [{x0:g}, {y0:g}, {x1:g}, {y1:g}] is empty: it needs x1 > x0 and y1 > y0",
+            )
+        out["bounding_boxes"] = [[x0 / w, y0 / h, (x1 - x0) / w, (y1 - y0) / h]]
+    if req.points is not None:
+        labels = req.labels if req.labels is not None else [1] * len(req.points)
+        if len(labels) != len(req.points):
+            raise ServiceError(
+                400,
+                "invalid_prompt",
+                f"labels has {len(labels)} entries for {len(req.points)} points",
+            )
+        for x, y in req.points:
+            _check_xy(s, x, y, "point")
+        out["points"] = [[x / w, y / h] for x, y in req.points]
+        out["point_labels"] = [int(v) for v in labels]
+    elif req.labels is not None:
+        raise ServiceError(400, "invalid_prompt", "labels without points")
+    out["obj_id"] = req.obj_id if req.obj_id is not None else vs.next_obj_id(s)
     return out
 
 

@@ -230,7 +230,7 @@ def test_segment_multimask(tiny_ckpt, image_png, work):
     )
     assert len(json.loads((out / "result.json").read_text())["scores"]) == 1
     # the replaced run's extra masks are gone with it (the record of what paddle-sam wrote stays)
-    names = ["mask.png", "overlay.png", "result.json"]
+    names = ["logits.npy", "mask.png", "overlay.png", "result.json"]
     assert sorted(p.name for p in out.iterdir()) == [".paddle-sam.json", *names]
 
 

@@ -17,6 +17,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
@@ -117,7 +118,13 @@ def entry(url: str, body: bytes, **extra) -> dict:
     )
 
 
-def run(argv: list[str], cwd: Path, add: dict | None = None, env: dict | None = None):
+def run(
+    argv: list[str],
+    cwd: Path,
+    add: dict | None = None,
+    env: dict | None = None,
+    launcher: str = LAUNCHER,
+):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
@@ -125,7 +132,7 @@ def run(argv: list[str], cwd: Path, add: dict | None = None, env: dict | None = 
     full_env.pop("HF_TOKEN", None) if "HF_TOKEN" not in (env or {}) else None
     full_env["HF_HOME"] = str(cwd / "hf-home")  # no login file of the machine's user
     proc = subprocess.run(
-        [sys.executable, "-c", LAUNCHER, json_arg(add), "download", *argv],
+        [sys.executable, "-c", launcher, json_arg(add), "download", *argv],
         cwd=cwd,
         env=full_env,
         capture_output=True,
@@ -280,3 +287,46 @@ def test_existing_different_file_is_not_replaced(server, tmp_path):
 def test_unreachable_host_is_one_line(tmp_path):
     line = one_line_error(*run(["vit_b", "--url", "http://127.0.0.1:9/x"], tmp_path)[::2])
     assert "cannot reach 127.0.0.1:9" in line
+
+
+# the child for SAM 2: the reduced SAM 2.1 of the tests stands in for the released tiny
+SAM2_LAUNCHER = (
+    """
+from paddle_sam.convert import checkpoint, sam2
+from tests.helpers.sam2_ref import reduced_spec
+checkpoint.SAM2_SPECS = sam2.SAM2_SPECS = {"sam2.1_hiera_tiny": reduced_spec("2.1")}
+"""
+    + LAUNCHER
+)
+
+
+def test_sam2_is_downloaded_and_converted(server, tmp_path):
+    """``paddle-sam download sam2.1_hiera_tiny``: verified, then converted in the same step
+    (the size detected from the weights), ready for the loading layer."""
+    pytest.importorskip("torch")
+    from paddle_sam.loading import load_image_predictor, sniff
+    from tests.helpers.sam2_ref import reduced_checkpoint
+
+    official, _ = reduced_checkpoint(tmp_path, name="sam2.1_hiera_tiny")
+    body = official.read_bytes()
+    server.routes["/sam2"] = (200, {}, body)
+    add = {
+        **entry(server.url("/sam2"), body),
+        "name": "sam2.1_hiera_tiny",
+        "family": "sam2",
+        "model_type": "sam2.1_hiera_tiny",
+        "file": "sam2.1_hiera_tiny.pt",
+    }
+    code, out, err = run(
+        ["sam2.1_hiera_tiny", "-o", "models"], tmp_path, add, launcher=SAM2_LAUNCHER
+    )
+    assert code == 0, err
+    converted = tmp_path / "models" / "sam2.1_hiera_tiny.pdparams"
+    assert "sha256 verified" in out and f"converted -> models/{converted.name}" in out
+    assert "sam2.1_hiera_tiny" in out and "reads no" not in out
+    source = sniff(converted)
+    assert source.family == "sam2" and source.model_type == "sam2.1_hiera_tiny"
+    predictor = load_image_predictor(source)
+    predictor.set_image(np.zeros((32, 48, 3), np.uint8))
+    masks, _, _ = predictor.predict([[10, 10]], [1])
+    assert masks.shape == (3, 32, 48)

@@ -24,7 +24,6 @@ from paddle_sam.convert.core import (
     read_sidecar,
 )
 from paddle_sam.convert.source import sniff
-from paddle_sam.loading import SourceRefused, load_image_predictor
 from paddle_sam.loading.sam2 import build_sam2, checkpoint_spec, load_sam2
 from paddle_sam.models.sam2.build_sam import SAM2_SPECS
 from tests.helpers.sam2_ref import reduced_spec
@@ -175,12 +174,3 @@ def test_a_lying_sidecar_is_refused(tmp_path):
     with pytest.raises(CheckpointFormatError, match="does not match the weights"):
         load_sam2(dst)
     assert set(pdparams_shapes(dst)) == set(conv.expected_layout(SPEC)[0])
-
-
-def test_commands_refuse_sam2_clearly(tmp_path):
-    """The CLI's image and video commands do not take SAM 2 yet: a clear refusal."""
-    src = _official(tmp_path)
-    dst = tmp_path / "c.pdparams"
-    convert_checkpoint(src, dst, spec=SPEC, progress=False)
-    with pytest.raises(SourceRefused, match="does not take SAM 2 models yet"):
-        load_image_predictor(sniff(dst))

@@ -115,3 +115,29 @@ def official_predictor(model: Any, **kwargs: Any) -> Any:
     side = model.image_size // 16
     predictor._bb_feat_sizes = [(4 * side, 4 * side), (2 * side, 2 * side), (side, side)]
     return predictor
+
+
+def reduced_checkpoint(
+    folder: Path, version: str = "2.1", seed: int = 4, name: str = "sam2_reduced"
+) -> tuple[Path, Path]:
+    """A reduced SAM ``version`` (:func:`reduced_spec`) with random weights, written as an
+    official file (``torch.save({"model": ...})``) and converted (``.pdparams`` and its
+    sidecar): ``(official, converted)``. The object-score head's bias is raised so that
+    tracked objects stay "present" (random weights put the score near 0, where tracking
+    decisions flip on noise)."""
+    import numpy as np
+    import torch
+
+    from paddle_sam.convert import sam2 as conv
+    from paddle_sam.convert.checkpoint import convert_checkpoint
+
+    spec = reduced_spec(version)
+    state = conv.random_official_state_dict(spec, seed=seed)
+    bias = "sam_mask_decoder.pred_obj_score_head.layers.2.bias"
+    state[bias] = state[bias] + np.float32(4.0)
+    official = Path(folder) / f"{name}.pt"
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+    torch.save({"model": tensors}, official)
+    converted = Path(folder) / f"{name}.pdparams"
+    convert_checkpoint(official, converted, spec=spec, progress=False, overwrite=True)
+    return official, converted

@@ -76,7 +76,7 @@ def test_an_official_sam_v1_file(tmp_path):
     assert detect_family(path) == "sam_v1"  # the converter's answer is the same sniff
     predictor = loading.load_image_predictor(source, model_type=None)
     assert type(predictor).__name__ == "SamPredictor"
-    assert "video needs SAM 3" in loading.video_refusal(source)
+    assert "video needs SAM 2, or SAM 3" in loading.video_refusal(source)
     with pytest.raises(SourceRefused, match="SAM 3"):
         loading.load_video_predictor(source)
 

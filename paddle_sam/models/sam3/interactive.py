@@ -444,6 +444,26 @@ class SAM3InteractiveImagePredictor(nn.Layer):
         return_logits: bool = False,
         img_idx: int = -1,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        low_res, iou = self._decode(
+            point_coords, point_labels, boxes, mask_input, multimask_output, img_idx
+        )
+        masks = self._postprocess_masks(low_res, self._orig_hw[img_idx])
+        low_res = low_res.clip(-32.0, 32.0)
+        if not return_logits:
+            masks = masks > self.mask_threshold
+        return masks, iou, low_res
+
+    def _decode(
+        self,
+        point_coords: paddle.Tensor | None,
+        point_labels: paddle.Tensor | None,
+        boxes: paddle.Tensor | None = None,
+        mask_input: paddle.Tensor | None = None,
+        multimask_output: bool = True,
+        img_idx: int = -1,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """The mask decoder's raw low-res logits and IoU predictions of :meth:`_predict`, before
+        any resizing (each mask is resized on its own, so a caller may keep only some)."""
         points = None
         if point_coords is not None:
             points = (point_coords, point_labels.astype("int32"))
@@ -469,11 +489,7 @@ class SAM3InteractiveImagePredictor(nn.Layer):
             repeat_image=batched,
             high_res_features=high_res,
         )
-        masks = self._postprocess_masks(low_res, self._orig_hw[img_idx])
-        low_res = low_res.clip(-32.0, 32.0)
-        if not return_logits:
-            masks = masks > self.mask_threshold
-        return masks, iou, low_res
+        return low_res, iou
 
     def _postprocess_masks(self, masks: paddle.Tensor, orig_hw: tuple[int, int]) -> paddle.Tensor:
         """Optional hole / sprinkle removal, then bilinear resize to the original size.

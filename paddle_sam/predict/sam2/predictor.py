@@ -145,6 +145,118 @@ class SAM2ImagePredictor(SAM3InteractiveImagePredictor):
         self.set_features(self.model.forward_image(img_batch), orig_hw, is_batch=True)
 
 
+class Sam2Predictor:
+    """SAM 2 as the image predictor of the CLI, the service and the labeller
+    (:class:`~paddle_sam.predict.base.InteractivePredictor`): a :class:`SAM2ImagePredictor`
+    inside (``predictor``), its answers with bool masks, and one image's features
+    (``image_state``) kept apart so that the service can swap them between sessions.
+
+    ``model``: a ``SAM2Base`` (``kwargs`` go to the :class:`SAM2ImagePredictor` built around
+    it) or a :class:`SAM2ImagePredictor`. ``model_type``: the name reported (default: the
+    released size whose spec the model has, else ``"sam2"``)."""
+
+    takes_text = False
+    takes_points = True
+    takes_mask_input = True
+    returns_instances = False
+    everything_refusal: str | None = None
+    mask_refusal: str | None = None
+    session_state_keys = ("image_state",)
+
+    def __init__(self, model: Any, model_type: str | None = None, **kwargs: Any) -> None:
+        if isinstance(model, SAM2ImagePredictor):
+            if kwargs:
+                raise TypeError(f"a SAM2ImagePredictor has its settings: {sorted(kwargs)}")
+            predictor = model
+        else:
+            predictor = SAM2ImagePredictor(model, **kwargs)
+        self.predictor = predictor
+        self.model = predictor.model
+        self.model_type = model_type or _released_name(self.model)
+        self.image_state: dict[str, Any] | None = None
+        self.is_image_set = False
+
+    @staticmethod
+    def is_interactive(text: str | None, has_points: bool, has_mask: bool) -> bool:
+        """Every request is answered with candidate masks of one object."""
+        return True
+
+    @property
+    def mask_input_size(self) -> tuple[int, int]:
+        """The side of the low-res logits (``mask_input``): a quarter of the model's input."""
+        side = self.model.image_size // 4
+        return side, side
+
+    def set_image(self, image: np.ndarray, image_format: str = "RGB") -> None:
+        """Compute the features of an ``H x W x 3`` uint8 image (RGB, or BGR when said)."""
+        from ..sam_v1.predictor import check_image
+
+        if image_format not in ("RGB", "BGR"):
+            raise ValueError(f"image_format must be 'RGB' or 'BGR', got {image_format!r}")
+        check_image(image)
+        if image_format == "BGR":
+            image = np.ascontiguousarray(image[..., ::-1])
+        self.predictor.set_image(image)
+        self.image_state = {
+            "features": self.predictor._features,
+            "orig_hw": list(self.predictor._orig_hw),
+        }
+        self.is_image_set = True
+
+    def activate(self) -> SAM2ImagePredictor:
+        """The inner predictor with this wrapper's image state put back into it."""
+        if not self.is_image_set or self.image_state is None:
+            raise RuntimeError("An image must be set with .set_image(...) before mask prediction.")
+        p = self.predictor
+        p._features = self.image_state["features"]
+        p._orig_hw = list(self.image_state["orig_hw"])
+        p._is_image_set = True
+        p._is_batch = False
+        return p
+
+    def predict(
+        self,
+        point_coords: np.ndarray | None = None,
+        point_labels: np.ndarray | None = None,
+        box: np.ndarray | None = None,
+        mask_input: np.ndarray | None = None,
+        multimask_output: bool = True,
+        return_logits: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`SAM2ImagePredictor.predict` on the current image; masks ``C x H x W`` bool
+        (logits with ``return_logits``), scores ``C``, low-res logits ``C x h x w``."""
+        p = self.activate()
+        if mask_input is not None:
+            mask_input = np.asarray(mask_input, dtype=np.float32)
+            side = self.mask_input_size
+            if mask_input.shape not in ((1, *side), (1, 1, *side)):
+                raise ValueError(
+                    f"mask_input must be 1 x {side[0]} x {side[1]} (low-res logits of a "
+                    f"previous answer), got shape {tuple(mask_input.shape)}"
+                )
+        masks, scores, low_res = p.predict(
+            point_coords,
+            point_labels,
+            box,
+            mask_input,
+            multimask_output=multimask_output,
+            return_logits=return_logits,
+        )
+        return (masks if return_logits else masks > 0.5), scores, low_res
+
+    def reset_image(self) -> None:
+        self.image_state = None
+        self.is_image_set = False
+        self.predictor.reset_predictor()
+
+
+def _released_name(model: SAM2Base) -> str:
+    from ...models.sam2.build_sam import SAM2_SPECS
+
+    spec = getattr(model, "spec", None)
+    return next((name for name, s in SAM2_SPECS.items() if s == spec), "sam2")
+
+
 def _image_hw(image: Any) -> tuple[int, int]:
     if isinstance(image, np.ndarray):
         return image.shape[0], image.shape[1]
@@ -152,4 +264,4 @@ def _image_hw(image: Any) -> tuple[int, int]:
     return h, w
 
 
-__all__ = ["PIXEL_MEAN", "PIXEL_STD", "SAM2ImagePredictor", "SAM2Transforms"]
+__all__ = ["PIXEL_MEAN", "PIXEL_STD", "SAM2ImagePredictor", "SAM2Transforms", "Sam2Predictor"]

@@ -44,7 +44,55 @@ from .amg_utils import (
 OUTPUT_MODES = ("binary_mask", "uncompressed_rle", "coco_rle")
 
 
+def check_generator_args(
+    points_per_side: int | None,
+    point_grids: list[np.ndarray] | None,
+    points_per_batch: int,
+    crop_n_layers: int,
+    crop_n_points_downscale_factor: int,
+    output_mode: str,
+) -> list[np.ndarray]:
+    """The point grid of each crop layer, from ``points_per_side`` or the explicit
+    ``point_grids``; a ValueError naming any argument that cannot work."""
+    if (points_per_side is None) == (point_grids is None):
+        raise ValueError(
+            "Exactly one of points_per_side or point_grids must be provided, got "
+            f"points_per_side={points_per_side!r} and "
+            f"point_grids={'None' if point_grids is None else 'a list'}."
+        )
+    if output_mode not in OUTPUT_MODES:
+        raise ValueError(f"Unknown output_mode {output_mode!r}; expected one of {OUTPUT_MODES}.")
+    if int(points_per_batch) < 1:
+        raise ValueError(f"points_per_batch must be >= 1, got {points_per_batch}.")
+    if int(crop_n_layers) < 0:
+        raise ValueError(f"crop_n_layers must be >= 0, got {crop_n_layers}.")
+    if points_per_side is not None:
+        last = int(points_per_side / (crop_n_points_downscale_factor**crop_n_layers))
+        if last < 1:
+            raise ValueError(
+                f"points_per_side={points_per_side} leaves no points in crop layer "
+                f"{crop_n_layers} (downscale factor {crop_n_points_downscale_factor})."
+            )
+        return build_all_layer_point_grids(
+            points_per_side, crop_n_layers, crop_n_points_downscale_factor
+        )
+    grids = [np.asarray(g, dtype=np.float64) for g in point_grids]
+    if len(grids) < crop_n_layers + 1:
+        raise ValueError(
+            f"point_grids has {len(grids)} grids but crop_n_layers={crop_n_layers} "
+            f"needs {crop_n_layers + 1} (one per crop layer)."
+        )
+    for i, g in enumerate(grids):
+        if g.ndim != 2 or g.shape[1] != 2:
+            raise ValueError(f"point_grids[{i}] must be N x 2, got shape {g.shape}.")
+    return grids
+
+
 class SamAutomaticMaskGenerator:
+    #: whether ``generate`` cleans small holes and islands of the kept masks itself
+    #: (``min_mask_region_area``); SAM 2's generator leaves that to its predictor
+    postprocess_small_regions_in_generate = True
+
     def __init__(
         self,
         model: Any,
@@ -86,41 +134,14 @@ class SamAutomaticMaskGenerator:
           output_mode: 'binary_mask', 'uncompressed_rle' or 'coco_rle' (needs pycocotools).
           progress: show a tqdm progress bar over point batches (not in upstream).
         """
-        if (points_per_side is None) == (point_grids is None):
-            raise ValueError(
-                "Exactly one of points_per_side or point_grids must be provided, got "
-                f"points_per_side={points_per_side!r} and "
-                f"point_grids={'None' if point_grids is None else 'a list'}."
-            )
-        if output_mode not in OUTPUT_MODES:
-            raise ValueError(
-                f"Unknown output_mode {output_mode!r}; expected one of {OUTPUT_MODES}."
-            )
-        if int(points_per_batch) < 1:
-            raise ValueError(f"points_per_batch must be >= 1, got {points_per_batch}.")
-        if int(crop_n_layers) < 0:
-            raise ValueError(f"crop_n_layers must be >= 0, got {crop_n_layers}.")
-        if points_per_side is not None:
-            last = int(points_per_side / (crop_n_points_downscale_factor**crop_n_layers))
-            if last < 1:
-                raise ValueError(
-                    f"points_per_side={points_per_side} leaves no points in crop layer "
-                    f"{crop_n_layers} (downscale factor {crop_n_points_downscale_factor})."
-                )
-            self.point_grids = build_all_layer_point_grids(
-                points_per_side, crop_n_layers, crop_n_points_downscale_factor
-            )
-        else:
-            grids = [np.asarray(g, dtype=np.float64) for g in point_grids]
-            if len(grids) < crop_n_layers + 1:
-                raise ValueError(
-                    f"point_grids has {len(grids)} grids but crop_n_layers={crop_n_layers} "
-                    f"needs {crop_n_layers + 1} (one per crop layer)."
-                )
-            for i, g in enumerate(grids):
-                if g.ndim != 2 or g.shape[1] != 2:
-                    raise ValueError(f"point_grids[{i}] must be N x 2, got shape {g.shape}.")
-            self.point_grids = grids
+        self.point_grids = check_generator_args(
+            points_per_side,
+            point_grids,
+            points_per_batch,
+            crop_n_layers,
+            crop_n_points_downscale_factor,
+            output_mode,
+        )
         if output_mode == "coco_rle":
             from pycocotools import mask as mask_utils  # noqa: F401
 
@@ -183,7 +204,7 @@ class SamAutomaticMaskGenerator:
         )
         mask_data = self._generate_masks(image)
 
-        if self.min_mask_region_area > 0:
+        if self.min_mask_region_area > 0 and self.postprocess_small_regions_in_generate:
             mask_data = self.postprocess_small_regions(
                 mask_data,
                 self.min_mask_region_area,
@@ -269,7 +290,7 @@ class SamAutomaticMaskGenerator:
             data.cat(self._process_batch(points, cropped_im_size, crop_box, orig_size))
             if pbar is not None:
                 pbar.update(1)
-        self.predictor.reset_image()
+        self._reset_predictor()
 
         # Remove duplicates within this crop.
         keep = batched_nms(
@@ -287,6 +308,9 @@ class SamAutomaticMaskGenerator:
             [list(crop_box) for _ in range(len(data["rles"]))], dtype=np.int64
         ).reshape(-1, 4)
         return data
+
+    def _reset_predictor(self) -> None:
+        self.predictor.reset_image()
 
     def _process_batch(
         self,
@@ -404,10 +428,10 @@ GENERATOR_OPTIONS = (
 )
 
 
-def generator_defaults() -> dict[str, Any]:
-    """The defaults of :data:`GENERATOR_OPTIONS`, read from the generator's signature
-    (upstream's), their one home."""
-    params = inspect.signature(SamAutomaticMaskGenerator.__init__).parameters
+def generator_defaults(generator: type | None = None) -> dict[str, Any]:
+    """The defaults of :data:`GENERATOR_OPTIONS`, read from the signature (upstream's) of
+    ``generator`` (default: :class:`SamAutomaticMaskGenerator`), their one home."""
+    params = inspect.signature((generator or SamAutomaticMaskGenerator).__init__).parameters
     return {name: params[name].default for name in GENERATOR_OPTIONS}
 
 

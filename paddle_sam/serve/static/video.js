@@ -57,6 +57,7 @@ async function loadHealth() {
     }
     video.health = await r.json();
     const m = video.health.model;
+    $("text-form").hidden = !m.takes_text;  // SAM 2 takes clicks only
     $("model-info").textContent =
       `model ${m.type} (${m.runtime}), ${video.health.threads ?? "?"} threads`;
     const v = video.health.video;
