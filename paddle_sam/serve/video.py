@@ -497,7 +497,9 @@ class VideoService:
             frames = probe_video(path, name, self.limits)
             # the predictor's own reader of the same frames: nothing decoded again
             model_frames = frames.reopen(
-                image_size=self.predictor.model.image_size, cache_frames=16
+                image_size=self.predictor.model.image_size,
+                cache_frames=16,
+                preprocess=self.predictor.model.frame_preprocess,
             )
             t = time.perf_counter()
             try:

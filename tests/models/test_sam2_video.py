@@ -22,6 +22,7 @@ from PIL import Image
 from paddle_sam.convert.checkpoint import convert_checkpoint
 from paddle_sam.loading.sam2 import build_sam2_video_predictor
 from paddle_sam.predict.sam2.video_predictor import SAM2VideoPredictor
+from paddle_sam.predict.video import open_video, preprocess_sam3_frame
 from tests.helpers.sam2_ref import (
     REDUCED_OVERRIDES,
     config_file,
@@ -162,6 +163,10 @@ def test_refusals(predictors, video) -> None:
         ours.add_new_mask(state, 0, 1, np.zeros((2, 3, 4)))
     with pytest.raises(ValueError, match="never downloads"):
         SAM2VideoPredictor.from_pretrained("facebook/sam2.1-hiera-tiny")
+    # frames prepared for SAM 3 (0.5 / 0.5 normalisation) would track silently wrong
+    sam3_frames = open_video(video, image_size=ours.image_size, preprocess=preprocess_sam3_frame)
+    with pytest.raises(ValueError, match="another model's preparation"):
+        ours.init_state(sam3_frames)
 
 
 def test_hole_filling(predictors) -> None:

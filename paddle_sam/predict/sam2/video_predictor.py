@@ -20,11 +20,15 @@ from typing import Any
 import paddle
 
 from ...models.sam2.sam2_video_predictor import SAM2VideoPredictorBase
-from ..video import VideoFrames, open_video
+from ..video import VideoFrames, open_video, preprocess_frame
 
 
 class SAM2VideoPredictor(SAM2VideoPredictorBase):
     """SAM 2 on videos, with upstream's API."""
+
+    #: how this model's frames are prepared (``open_video(..., preprocess=...)``): upstream's
+    #: ImageNet normalisation
+    frame_preprocess = staticmethod(preprocess_frame)
 
     @paddle.no_grad()
     def init_state(  # type: ignore[override]
@@ -46,6 +50,11 @@ class SAM2VideoPredictor(SAM2VideoPredictorBase):
             if isinstance(video_path, VideoFrames)
             else open_video(video_path, image_size=self.image_size)
         )
+        if frames.preprocess is not preprocess_frame:
+            raise ValueError(
+                "these frames were opened with another model's preparation; open them with "
+                "open_video(..., preprocess=preprocess_frame), SAM 2's (ImageNet normalisation)"
+            )
         if frames.image_size != self.image_size:
             raise ValueError(
                 f"the frames are resized to {frames.image_size}, the model takes {self.image_size}"

@@ -49,6 +49,9 @@ class Sam3VideoModel(Sam3VideoInferenceWithInstanceInteractivity):
     arrays or PIL images) or a :class:`VideoFrames` opened with
     :func:`~paddle_sam.predict.video.preprocess_sam3_frame`."""
 
+    #: how this model's frames are prepared (``open_video(..., preprocess=...)``)
+    frame_preprocess = staticmethod(preprocess_sam3_frame)
+
     def _open_resource(self, resource_path: Any, video_loader_type: str = "cv2", **kwargs: Any):
         del kwargs
         if video_loader_type not in _LOADER_TYPES:
