@@ -54,18 +54,23 @@ train-default: $(VENV)/.installed-train
 
 # the default SAM 3's recipe: the vision backbone pretrained (about 20 min), the detector from
 # scratch at 256 px (stage 1, about an hour on one core), then at 384 px (stage 2, two to three
-# hours; a stopped stage continues with: paddle-sam train CONFIG --resume); writes
-# runs/sam3_tiny_concepts/ and runs/sam3_tiny_concepts_stage2/ (model.pdparams with its sidecar,
-# metrics.csv, curves.png) and the held-out evaluation the bundled model is judged by
-# (runs/sam3_tiny_concepts_stage2/heldout_eval.json)
+# hours), then on scenes of four drawing styles with the backbone unfrozen (stage 3, about an
+# hour); a stopped stage continues with: paddle-sam train CONFIG --resume; writes
+# runs/sam3_tiny_concepts{,_stage2,_stage3}/ (model.pdparams with its sidecar, metrics.csv,
+# curves.png) and the held-out evaluations the bundled model is judged by, in the styles it was
+# trained on and in two it never saw (runs/sam3_tiny_concepts_stage3/heldout_*.json)
 train-sam3-default: $(VENV)/.installed-train
 	test -f runs/sam3_tiny_concepts_backbone.pdparams || $(BIN)/python -m paddle_sam.train.sam3.pretrain \
 		configs/sam3_tiny_concepts.yaml -o runs/sam3_tiny_concepts_backbone.pdparams --steps 1200
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts.yaml
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts_stage2.yaml
-	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage2/model.pdparams \
-		--format concepts --seed 1000 --num-images 30 \
-		--json runs/sam3_tiny_concepts_stage2/heldout_eval.json --overwrite
+	$(BIN)/paddle-sam train configs/sam3_tiny_concepts_stage3.yaml
+	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage3/model.pdparams \
+		--format concepts --seed 2000 --num-images 30 --styles flat,textured,outlined,clutter \
+		--json runs/sam3_tiny_concepts_stage3/heldout_in_style.json --overwrite
+	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage3/model.pdparams \
+		--format concepts --seed 2000 --num-images 30 --styles shaded,photo \
+		--json runs/sam3_tiny_concepts_stage3/heldout_out_of_style.json --overwrite
 
 test: $(VENV)/.installed-test chromium onnxruntime-web label-studio
 	$(BIN)/python -m pytest -q

@@ -25,16 +25,23 @@ def test_default_sam3_is_small_and_described():
     assert DEFAULT_SAM3_MODEL.stat().st_size <= 30 * 2**20
     meta = json.loads(DEFAULT_SAM3_MODEL.with_name(DEFAULT_SAM3_MODEL.name + ".json").read_text())
     assert meta["format"] == "paddle-sam/sam3" and meta["interactive"] is False
-    stages = ["configs/sam3_tiny_concepts.yaml", "configs/sam3_tiny_concepts_stage2.yaml"]
-    first, second = (yaml.safe_load(open(path)) for path in stages)
-    assert second["model"]["checkpoint"] == f"{first['run']['output_dir']}/model.pdparams"
-    sizes = {**SAM3_SPEC.to_dict(), **first["model"]["spec"], **second["model"]["spec"]}
+    stages = [
+        "configs/sam3_tiny_concepts.yaml",
+        "configs/sam3_tiny_concepts_stage2.yaml",
+        "configs/sam3_tiny_concepts_stage3.yaml",
+    ]
+    configs = [yaml.safe_load(open(path)) for path in stages]
+    for before, after in zip(configs[:-1], configs[1:], strict=True):  # each from the previous
+        assert after["model"]["checkpoint"] == f"{before['run']['output_dir']}/model.pdparams"
+    sizes = SAM3_SPEC.to_dict()
+    for cfg in configs:
+        sizes.update(cfg["model"]["spec"])
     assert Sam3Spec.from_dict(meta["spec"]) == Sam3Spec.from_dict(sizes)
     training = meta["training"]
-    steps = [first["train"]["steps"], second["train"]["steps"]]
+    steps = [cfg["train"]["steps"] for cfg in configs]
     recorded = [f"{path} ({n} steps)" for path, n in zip(stages, steps, strict=True)]
     assert training["recipe"] == recorded
-    assert training["steps"] == steps[1] and training["total_steps"] == sum(steps)
+    assert training["steps"] == steps[-1] and training["total_steps"] == sum(steps)
 
 
 @needs_model
