@@ -20,9 +20,10 @@ as the ``paddle-sam`` CLI calls it first thing):
 1. Image: ``build_sam2(config, checkpoint)`` and ``SAM2ImagePredictor`` on both sides;
    ``set_image`` on a fixed 768 x 1024 image, one first call (warm-up, reported apart), then
    ``--repeats`` timed calls (median). The same calls are split, on both sides, by timing the
-   modules in place: the Hiera trunk (of it: every block's attention, every block's MLP), the
-   FPN neck, and the rest (resize and normalise, ``conv_s0`` / ``conv_s1``, the predictor's
-   feature layout); the parts are means over the timed calls.
+   modules in place: the Hiera trunk (of it: every block's attention, and of that the global
+   blocks', every block's MLP, and the rest: patch and position embeddings, norms, window
+   partitioning, pooling), the FPN neck, and the rest (resize and normalise, ``conv_s0`` /
+   ``conv_s1``, the predictor's feature layout); the parts are means over the timed calls.
 2. Video: ``build_sam2_video_predictor(config, checkpoint)``, hole filling off on both sides
    (upstream's needs its CUDA extension and is skipped on the CPU). ``init_state`` on the
    folder (upstream decodes and resizes every frame there, paddle_sam when a frame is first
@@ -85,7 +86,9 @@ METRICS = (
     Metric("set_image_s", "set_image 768x1024 (s)", digits=3),
     Metric("img_trunk_s", "  Hiera trunk (s)", digits=3),
     Metric("img_attention_s", "    of it: attention, all blocks (s)", digits=3),
+    Metric("img_global_attention_s", "      of which global blocks (s)", digits=3),
     Metric("img_mlp_s", "    of it: MLP, all blocks (s)", digits=3),
+    Metric("img_trunk_rest_s", "    of it: rest (norms, windows, pooling, embeds) (s)", digits=3),
     Metric("img_neck_s", "  FPN neck (s)", digits=3),
     Metric("img_other_s", "  other: transforms, conv_s0/s1, layout (s)", digits=3),
     Metric("video_load_s", "video model load: build + weights (s)", digits=2),
@@ -143,6 +146,7 @@ def image_encoder_timers(model: Any) -> ModuleTimers:
         {
             "trunk": [enc.trunk],
             "attention": [b.attn for b in enc.trunk.blocks],
+            "global_attention": [b.attn for b in enc.trunk.blocks if b.window_size == 0],
             "mlp": [b.mlp for b in enc.trunk.blocks],
             "neck": [enc.neck],
         }
@@ -180,7 +184,9 @@ def time_image(predictor: Any, to_numpy: Callable[[Any], np.ndarray], args) -> d
         "set_image_all_s": times,
         "img_trunk_s": parts["trunk"],
         "img_attention_s": parts["attention"],
+        "img_global_attention_s": parts["global_attention"],
         "img_mlp_s": parts["mlp"],
+        "img_trunk_rest_s": parts["trunk"] - parts["attention"] - parts["mlp"],
         "img_neck_s": parts["neck"],
         "img_other_s": statistics.mean(times) - parts["trunk"] - parts["neck"],
         "iou": [float(v) for v in np.asarray(iou).ravel()],
