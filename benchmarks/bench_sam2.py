@@ -357,11 +357,11 @@ def prepare(tmp: Path, models: Sequence[str], frames: int) -> dict:
         official = official_model(config(model), seed=v1.SEED)
         with torch.no_grad():  # clicked objects present: the tracked masks are not empty
             official.sam_mask_decoder.pred_obj_score_head.layers[2].bias.add_(2.0)
-        stem = tmp / f"sam2.1_hiera_{model}_random"
-        pt = save_official(official, stem.with_suffix(".pt"))
+        stem = f"sam2.1_hiera_{model}_random"
+        pt = save_official(official, tmp / f"{stem}.pt")
         del official
         gc.collect()
-        pdparams = stem.with_suffix(".pdparams")
+        pdparams = tmp / f"{stem}.pdparams"
         convert_checkpoint(pt, pdparams, progress=False)
         out[model] = {"torch": str(pt), "paddle": str(pdparams)}
     return out
