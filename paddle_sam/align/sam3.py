@@ -119,29 +119,13 @@ def cpu_patches() -> Iterator[None]:
         yield
 
 
-def _reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
-    """Upstream's ``Sam3Image`` with ``model_builder``'s configuration at ``spec``'s sizes
-    (upstream's builder writes the released sizes), with the tracker of
-    ``model_builder.build_tracker`` as its interactive predictor when ``interactive``."""
-    torch, _ = import_sam3()
-    from sam3 import model_builder as mb
-    from sam3.model import memory as m
-    from sam3.model.decoder import TransformerDecoder, TransformerDecoderLayer
-    from sam3.model.encoder import TransformerEncoderFusion, TransformerEncoderLayer
-    from sam3.model.geometry_encoders import SequenceGeometryEncoder
-    from sam3.model.maskformer_segmentation import PixelDecoder, UniversalSegmentationHead
-    from sam3.model.model_misc import MLP, DotProductScoring, TransformerWrapper
-    from sam3.model.model_misc import MultiheadAttentionWrapper as MHA
+def reference_vision_backbone(spec: Sam3Spec, add_sam2_neck: bool) -> Any:
+    """Upstream's ViT and dual neck (``model_builder``'s configuration) at ``spec``'s sizes; the
+    neck carries the SAM 2-style branch for the tracker when ``add_sam2_neck``."""
     from sam3.model.necks import Sam3DualViTDetNeck
     from sam3.model.position_encoding import PositionEmbeddingSine
-    from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor
-    from sam3.model.sam3_tracking_predictor import Sam3TrackerPredictor
-    from sam3.model.text_encoder_ve import VETextEncoder
-    from sam3.model.tokenizer_ve import SimpleTokenizer
     from sam3.model.vitdet import ViT
-    from sam3.model.vl_combiner import SAM3VLBackbone
 
-    d, nh, ffn = spec.d_model, spec.num_heads, spec.dim_feedforward
     trunk = ViT(
         img_size=spec.image_size,
         pretrain_img_size=spec.pretrain_image_size,
@@ -167,15 +151,40 @@ def _reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
         return_interm_layers=False,
         bias_patch_embed=False,
     )
-    neck = Sam3DualViTDetNeck(
-        position_encoding=PositionEmbeddingSine(
-            d, normalize=True, temperature=10000, precompute_resolution=spec.image_size
-        ),
-        d_model=d,
+    pe = PositionEmbeddingSine(
+        spec.d_model, normalize=True, temperature=10000, precompute_resolution=spec.image_size
+    )
+    return Sam3DualViTDetNeck(
+        position_encoding=pe,
+        d_model=spec.d_model,
         scale_factors=list(spec.scale_factors),
         trunk=trunk,
-        add_sam2_neck=interactive,
+        add_sam2_neck=add_sam2_neck,
     )
+
+
+def reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
+    """Upstream's ``Sam3Image`` with ``model_builder``'s configuration at ``spec``'s sizes
+    (upstream's builder writes the released sizes), with the tracker of
+    ``model_builder.build_tracker`` as its interactive predictor when ``interactive``."""
+    torch, _ = import_sam3()
+    from sam3 import model_builder as mb
+    from sam3.model import memory as m
+    from sam3.model.decoder import TransformerDecoder, TransformerDecoderLayer
+    from sam3.model.encoder import TransformerEncoderFusion, TransformerEncoderLayer
+    from sam3.model.geometry_encoders import SequenceGeometryEncoder
+    from sam3.model.maskformer_segmentation import PixelDecoder, UniversalSegmentationHead
+    from sam3.model.model_misc import MLP, DotProductScoring, TransformerWrapper
+    from sam3.model.model_misc import MultiheadAttentionWrapper as MHA
+    from sam3.model.position_encoding import PositionEmbeddingSine
+    from sam3.model.sam1_task_predictor import SAM3InteractiveImagePredictor
+    from sam3.model.sam3_tracking_predictor import Sam3TrackerPredictor
+    from sam3.model.text_encoder_ve import VETextEncoder
+    from sam3.model.tokenizer_ve import SimpleTokenizer
+    from sam3.model.vl_combiner import SAM3VLBackbone
+
+    d, nh, ffn = spec.d_model, spec.num_heads, spec.dim_feedforward
+    neck = reference_vision_backbone(spec, add_sam2_neck=interactive)
     text = VETextEncoder(
         tokenizer=SimpleTokenizer(bpe_path=bpe_path),
         d_model=d,
@@ -336,7 +345,7 @@ def build_reference_sam3(
             enable_inst_interactivity=interactive,
         )
     else:
-        ref = _reduced_reference(spec, bpe, interactive)
+        ref = reduced_reference(spec, bpe, interactive)
     if interactive:  # upstream hard-codes the released feature sizes (288, 144, 72)
         side = spec.image_size // spec.vit_patch_size
         ref.inst_interactive_predictor._bb_feat_sizes = [
@@ -555,4 +564,6 @@ __all__ = [
     "cpu_patches",
     "random_pair",
     "randomise_",
+    "reduced_reference",
+    "reference_vision_backbone",
 ]

@@ -255,15 +255,11 @@ def merge(out: Path, spec: LabelSpec, shards: list[list[ImageItem]], seconds: fl
 
 # -- the local engine ------------------------------------------------------------------------
 
-_worker_labeler: Any = None
-
 
 def _exit_with(parent: int) -> None:
     """Stop this worker when the job process ``parent`` is gone (killed: a worker would
     otherwise label on, unseen, holding its model's memory)."""
-    import os
     import threading
-    import time
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -273,21 +269,38 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, name="paddle-sam-parent-watch", daemon=True).start()
 
 
-def _init_worker(spec_dict: dict, threads: int, parent: int) -> None:
-    global _worker_labeler
+def _worker(conn: Any, spec_dict: dict, threads: int, parent: int) -> None:
+    """A worker process: builds its model once, then labels the shards the job sends it over
+    its own pipe, one at a time, until it receives ``None``. It answers each shard with
+    ``("done", images)`` or ``("error", exception)``."""
     from .._runtime import set_num_threads, tune_process
 
     _exit_with(parent)
-
     tune_process()  # a worker process of ours: the process-wide settings, as the CLI's
     set_num_threads(threads)  # the machine's threads shared out between the workers
-    _worker_labeler = build_labeler(LabelSpec.from_dict(spec_dict))
+    try:
+        labeler = build_labeler(LabelSpec.from_dict(spec_dict))
+    except Exception as exc:  # noqa: BLE001 - the job raises it as its own
+        conn.send(("error", _picklable(exc)))
+        return
+    while (task := conn.recv()) is not None:
+        out, index, items, max_pixels = task
+        try:
+            write_shard(Path(out), label_shard(labeler, index, items, max_pixels))
+        except Exception as exc:  # noqa: BLE001 - handed to the job process, which raises it
+            conn.send(("error", _picklable(exc)))
+        else:
+            conn.send(("done", len(items)))
 
 
-def _run_shard(out: str, index: int, items: list[ImageItem], max_pixels: int | None) -> int:
-    result = label_shard(_worker_labeler, index, items, max_pixels)
-    write_shard(Path(out), result)
-    return len(items)
+def _picklable(exc: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - an exception that cannot cross processes
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def run_local(
@@ -301,7 +314,11 @@ def run_local(
 ) -> None:
     """Label the shards ``todo`` on this machine: in this process with one worker, else in
     ``num_workers`` processes (spawned, one model each, the CPU threads shared out). A worker
-    that dies stops the job; the shards written so far stay for ``--resume``."""
+    that dies stops the job; the shards written so far stay for ``--resume``.
+
+    Each worker has its own pipe to the job and nothing shared with the others (no common
+    queue or lock that a killed worker could leave taken), and the job waits on the pipes and
+    the processes' exit handles together, so a death is seen as soon as it happens."""
     if not todo:
         return
     if num_workers <= 1:
@@ -311,27 +328,65 @@ def run_local(
             progress(len(shards[i]))
         return
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing.connection import wait
 
     from .._runtime import cpu_count
 
+    ctx = mp.get_context("spawn")
     threads = max(1, cpu_count() // num_workers)
-    with ProcessPoolExecutor(
-        num_workers,
-        mp_context=mp.get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(spec.to_dict(), threads, os.getpid()),
-    ) as pool:
-        futures = [pool.submit(_run_shard, str(out), i, shards[i], max_pixels) for i in todo]
-        try:
-            for f in as_completed(futures):
-                progress(f.result())
-        except BrokenProcessPool:
-            raise WorkerDied(
-                "a labelling worker process died (killed, or out of memory); the shards "
-                f"finished so far are kept in {out / SHARD_DIR}: run again with --resume"
-            ) from None
+    pending = list(reversed(todo))
+    workers = []  # (process, the job's end of its pipe)
+    try:
+        for _ in range(min(num_workers, len(todo))):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker,
+                args=(theirs, spec.to_dict(), threads, os.getpid()),
+                name="paddle-sam-label-worker",
+                daemon=True,
+            )
+            proc.start()
+            theirs.close()
+            workers.append((proc, mine))
+        busy = 0
+        for _, conn in workers:  # one shard each to start with
+            if pending:
+                conn.send((str(out), (i := pending.pop()), shards[i], max_pixels))
+                busy += 1
+        while busy:
+            ready = wait([conn for _, conn in workers] + [p.sentinel for p, _ in workers])
+            for proc, conn in workers:
+                if conn in ready:
+                    try:
+                        kind, value = conn.recv()
+                    except (EOFError, OSError):  # the worker died mid-answer
+                        raise _died(out) from None
+                    busy -= 1
+                    if kind == "error":
+                        raise value
+                    progress(value)
+                    if pending:
+                        conn.send((str(out), (i := pending.pop()), shards[i], max_pixels))
+                        busy += 1
+                elif proc.sentinel in ready:
+                    raise _died(out)
+        for _, conn in workers:
+            conn.send(None)
+        for proc, _ in workers:
+            proc.join(timeout=10)
+    finally:
+        for proc, conn in workers:
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+            conn.close()
+
+
+def _died(out: Path) -> WorkerDied:
+    return WorkerDied(
+        "a labelling worker process died (killed, or out of memory); the shards "
+        f"finished so far are kept in {out / SHARD_DIR}: run again with --resume"
+    )
 
 
 __all__ = [

@@ -28,58 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from paddle_sam.align.sam3 import (  # one copy of these, shared with `paddle-sam align`
+    cpu_patches,
+    import_sam3,
+    reference_vision_backbone,
+)
+
 BPE_NAME = "bpe_simple_vocab_16e6.txt.gz"
-
-
-def import_sam3() -> tuple[Any, Any]:
-    """``(torch, sam3)``, or ImportError saying that they are test-only references."""
-    try:
-        import sam3
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the official sam3 reference is not installed (test-only): "
-            "pip install torch==2.14.1 torchvision==0.29.1 sam3"
-        ) from exc
-    return torch, sam3
-
-
-@contextlib.contextmanager
-def cpu_patches() -> Iterator[None]:
-    """Patch sam3's three CUDA-only spots (see the module docstring) inside the block."""
-    from unittest import mock
-
-    torch, _ = import_sam3()
-    from sam3.model import decoder, position_encoding
-
-    pe_cls = position_encoding.PositionEmbeddingSine
-    pe_init = pe_cls.__init__
-
-    def pe_init_cpu(self, *args: Any, precompute_resolution: int | None = None, **kw: Any):
-        pe_init(self, *args, precompute_resolution=None, **kw)
-        if precompute_resolution is not None:
-            for stride in (4, 8, 16, 32):
-                size = (precompute_resolution // stride, precompute_resolution // stride)
-                self.forward(torch.zeros((1, 1, *size)))
-                self.cache[size] = self.cache[size].clone().detach()
-
-    get_coords = decoder.TransformerDecoder._get_coords
-
-    def get_coords_cpu(h: int, w: int, device: Any):
-        return get_coords(h, w, "cpu" if str(device).startswith("cuda") else device)
-
-    def pin_memory_noop(self, *args: Any, **kwargs: Any):
-        return self
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(pe_cls, "__init__", pe_init_cpu))
-        stack.enter_context(
-            mock.patch.object(
-                decoder.TransformerDecoder, "_get_coords", staticmethod(get_coords_cpu)
-            )
-        )
-        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", pin_memory_noop))
-        yield
 
 
 @contextlib.contextmanager
@@ -205,49 +160,6 @@ def assert_close(
         f"mean abs {mean:.3e}"
     )
     return c, m, mean
-
-
-def reference_vision_backbone(spec: Any, add_sam2_neck: bool) -> Any:
-    """The official ViT + dual neck (model_builder's configuration) at ``spec``'s sizes."""
-    from sam3.model.necks import Sam3DualViTDetNeck
-    from sam3.model.position_encoding import PositionEmbeddingSine
-    from sam3.model.vitdet import ViT
-
-    trunk = ViT(
-        img_size=spec.image_size,
-        pretrain_img_size=spec.pretrain_image_size,
-        patch_size=spec.vit_patch_size,
-        embed_dim=spec.encoder_embed_dim,
-        depth=spec.encoder_depth,
-        num_heads=spec.encoder_num_heads,
-        mlp_ratio=spec.mlp_ratio,
-        norm_layer="LayerNorm",
-        drop_path_rate=0.1,
-        qkv_bias=True,
-        use_abs_pos=True,
-        tile_abs_pos=True,
-        global_att_blocks=spec.encoder_global_attn_indexes,
-        rel_pos_blocks=(),
-        use_rope=True,
-        use_interp_rope=True,
-        window_size=spec.window_size,
-        pretrain_use_cls_token=True,
-        retain_cls_token=False,
-        ln_pre=True,
-        ln_post=False,
-        return_interm_layers=False,
-        bias_patch_embed=False,
-    )
-    pe = PositionEmbeddingSine(
-        spec.d_model, normalize=True, temperature=10000, precompute_resolution=spec.image_size
-    )
-    return Sam3DualViTDetNeck(
-        position_encoding=pe,
-        d_model=spec.d_model,
-        scale_factors=list(spec.scale_factors),
-        trunk=trunk,
-        add_sam2_neck=add_sam2_neck,
-    )
 
 
 def reference_tracker(spec: Any, with_backbone: bool, **settings: Any) -> Any:

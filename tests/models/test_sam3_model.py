@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import pytest
 
+from paddle_sam.align.sam3 import reduced_reference
 from paddle_sam.loading.sam3 import build_sam3_image_model
 from paddle_sam.models.sam3.build_sam3 import Sam3Spec
 from paddle_sam.models.sam3.geometry_encoders import Prompt
@@ -24,7 +25,6 @@ from tests.helpers.sam3_ref import (
     cpu_patches,
     import_sam3,
     perturb_module_,
-    reference_vision_backbone,
     run_prompts,
 )
 from tests.helpers.specs import tiny_sam3_spec
@@ -39,121 +39,9 @@ TINY = tiny_sam3_spec()
 def build_reference(spec: Sam3Spec, bpe_path: str):
     """The official Sam3Image with upstream's configuration (model_builder.py) at ``spec``'s
     sizes."""
-    from sam3 import model_builder as mb
-    from sam3.model.decoder import TransformerDecoder, TransformerDecoderLayer
-    from sam3.model.encoder import TransformerEncoderFusion, TransformerEncoderLayer
-    from sam3.model.geometry_encoders import SequenceGeometryEncoder
-    from sam3.model.maskformer_segmentation import PixelDecoder, UniversalSegmentationHead
-    from sam3.model.model_misc import MLP, DotProductScoring, TransformerWrapper
-    from sam3.model.model_misc import MultiheadAttentionWrapper as MHA
-    from sam3.model.position_encoding import PositionEmbeddingSine
     from sam3.model.sam3_image import Sam3Image
-    from sam3.model.text_encoder_ve import VETextEncoder
-    from sam3.model.tokenizer_ve import SimpleTokenizer
-    from sam3.model.vl_combiner import SAM3VLBackbone
 
-    d, nh, ffn = spec.d_model, spec.num_heads, spec.dim_feedforward
-
-    def pe(res=None):
-        return PositionEmbeddingSine(
-            d, normalize=True, temperature=10000, precompute_resolution=res
-        )
-
-    neck = reference_vision_backbone(spec, add_sam2_neck=False)
-    text = VETextEncoder(
-        tokenizer=SimpleTokenizer(bpe_path=bpe_path),
-        d_model=d,
-        width=spec.text_width,
-        heads=spec.text_heads,
-        layers=spec.text_layers,
-    )
-    backbone = SAM3VLBackbone(visual=neck, text=text, scalp=spec.scalp)
-
-    def enc_layer(batch_first, pos_at_attn, pos_keys):
-        return TransformerEncoderLayer(
-            activation="relu",
-            d_model=d,
-            dim_feedforward=ffn,
-            dropout=0.1,
-            pos_enc_at_attn=pos_at_attn,
-            pos_enc_at_cross_attn_keys=pos_keys,
-            pos_enc_at_cross_attn_queries=False,
-            pre_norm=True,
-            self_attention=MHA(num_heads=nh, dropout=0.1, embed_dim=d, batch_first=batch_first),
-            cross_attention=MHA(num_heads=nh, dropout=0.1, embed_dim=d, batch_first=batch_first),
-        )
-
-    encoder = TransformerEncoderFusion(
-        layer=enc_layer(True, True, False),
-        num_layers=spec.encoder_layers,
-        d_model=d,
-        num_feature_levels=1,
-        frozen=False,
-        use_act_checkpoint=True,
-        add_pooled_text_to_img_feat=False,
-        pool_text_with_mask=True,
-    )
-    decoder = TransformerDecoder(
-        layer=TransformerDecoderLayer(
-            activation="relu",
-            d_model=d,
-            dim_feedforward=ffn,
-            dropout=0.1,
-            cross_attention=MHA(num_heads=nh, dropout=0.1, embed_dim=d),
-            n_heads=nh,
-            use_text_cross_attention=True,
-        ),
-        num_layers=spec.decoder_layers,
-        num_queries=spec.num_queries,
-        return_intermediate=True,
-        box_refine=True,
-        num_o2m_queries=0,
-        dac=True,
-        boxRPB="log",
-        d_model=d,
-        frozen=False,
-        interaction_layer=None,
-        dac_use_selfatt_ln=True,
-        resolution=spec.image_size,
-        stride=spec.vit_patch_size,
-        use_act_checkpoint=True,
-        presence_token=True,
-    )
-    transformer = TransformerWrapper(encoder=encoder, decoder=decoder, d_model=d)
-    scoring = DotProductScoring(
-        d_model=d,
-        d_proj=d,
-        prompt_mlp=MLP(d, ffn, d, 2, dropout=0.1, residual=True, out_norm=torch.nn.LayerNorm(d)),
-    )
-    seg = UniversalSegmentationHead(
-        hidden_dim=d,
-        upsampling_stages=spec.upsampling_stages,
-        aux_masks=False,
-        presence_head=False,
-        dot_product_scorer=None,
-        act_ckpt=True,
-        cross_attend_prompt=MHA(num_heads=nh, dropout=0, embed_dim=d),
-        pixel_decoder=PixelDecoder(
-            num_upsampling_stages=spec.upsampling_stages, interpolation_mode="nearest", hidden_dim=d
-        ),
-    )
-    geo = SequenceGeometryEncoder(
-        pos_enc=pe(),
-        encode_boxes_as_points=False,
-        points_direct_project=True,
-        points_pool=True,
-        points_pos_enc=True,
-        boxes_direct_project=True,
-        boxes_pool=True,
-        boxes_pos_enc=True,
-        d_model=d,
-        num_layers=spec.geometry_layers,
-        layer=enc_layer(False, False, True),
-        use_act_ckpt=True,
-        add_cls=True,
-        add_post_encode_proj=True,
-    )
-    model = mb._create_sam3_model(backbone, transformer, geo, seg, scoring, None, eval_mode=True)
+    model = reduced_reference(spec, bpe_path, interactive=False)
     assert isinstance(model, Sam3Image)
     return model.eval()
 
