@@ -90,6 +90,7 @@ def align_sam(
     pairs = [(n, submodule(torch_sam, n), submodule(paddle_sam, n)) for n in names]
     with Alignment(pairs) as al:
         ref, ours = TorchPredictor(torch_sam), SamPredictor(paddle_sam)
+        ours.fast_decoder = False  # upstream's modules, so that each one can be compared
         with al.stage():
             with torch.no_grad():
                 ref.set_image(image)

@@ -180,3 +180,50 @@ def test_drop_in_names():
     assert SamPredictor.predict_torch is SamPredictor.predict_paddle
     assert SamPredictor.set_torch_image is SamPredictor.set_paddle_image
     assert callable(SamAutomaticMaskGenerator)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        {"point_coords": np.array([[40, 50]]), "point_labels": np.array([1])},
+        {"box": np.array([10, 20, 90, 100])},
+        {
+            "point_coords": np.array([[40, 50]]),
+            "point_labels": np.array([0]),
+            "box": np.array([10, 20, 90, 100]),
+        },
+    ],
+    ids=["click", "box", "box+negative"],
+)
+@pytest.mark.parametrize("multimask", [True, False])
+def test_fast_decoder_is_the_same_function(predictor, prompt, multimask):
+    """A prompt of few tokens and no mask input skips the mask decoder's module path (the
+    faster form runs instead) and gives what the module path gives."""
+    calls = []
+    handle = predictor.model.mask_decoder.register_forward_post_hook(lambda *a: calls.append(1))
+    try:
+        fast = predictor.predict(**prompt, multimask_output=multimask, return_logits=True)
+    finally:
+        handle.remove()
+    assert calls == []
+    predictor.fast_decoder = False
+    try:
+        slow = predictor.predict(**prompt, multimask_output=multimask, return_logits=True)
+    finally:
+        del predictor.fast_decoder  # back to the class default
+    for a, b in zip(fast, slow, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+
+
+def test_many_points_or_a_mask_input_take_the_module_path(predictor):
+    calls = []
+    handle = predictor.model.mask_decoder.register_forward_post_hook(lambda *a: calls.append(1))
+    try:
+        pts = np.stack([np.arange(10, 130, 12), np.full(10, 60)], axis=1)
+        predictor.predict(pts, np.ones(10, int))  # 1 + 4 + 11 tokens > the few-token bound
+        _, _, low = predictor.predict(np.array([[40, 50]]), np.array([1]), multimask_output=False)
+        predictor.predict(np.array([[40, 50]]), np.array([1]), mask_input=low)
+    finally:
+        handle.remove()
+    assert len(calls) == 2

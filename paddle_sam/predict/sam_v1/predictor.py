@@ -198,6 +198,10 @@ class PredictorBase:
 
 
 class SamPredictor(PredictorBase):
+    # prompts of few points / a box and no mask input run the mask decoder in its faster form
+    # (see _decode_few); False runs upstream's modules one by one, as `paddle-sam align` needs
+    fast_decoder: bool = True
+
     def __init__(self, sam_model: Sam) -> None:
         """Predict masks for one image at a time from prompts, reusing its embedding."""
         self.model = sam_model
@@ -285,21 +289,74 @@ class SamPredictor(PredictorBase):
         )
         if (point_coords is None) != (point_labels is None):
             raise ValueError("point_coords and point_labels must be given together")
-        points = (point_coords, point_labels) if point_coords is not None else None
-        sparse, dense = self.model.prompt_encoder(points=points, boxes=boxes, masks=mask_input)
-        low_res_masks, iou_predictions = self.model.mask_decoder(
-            image_embeddings=self.features,
-            image_pe=self.dense_pe,
-            sparse_prompt_embeddings=sparse,
-            dense_prompt_embeddings=dense,
-            multimask_output=multimask_output,
-        )
+        few = None
+        if self.fast_decoder and mask_input is None:
+            few = self._few_token_prompt(point_coords, point_labels, boxes)
+        if few is not None:  # the decoder's faster form, as the exported runtime's
+            iou_predictions, low_res_masks = self._decode_few(*few)
+            keep = slice(1, None) if multimask_output else slice(0, 1)
+            iou_predictions, low_res_masks = iou_predictions[:, keep], low_res_masks[:, keep]
+        else:
+            points = (point_coords, point_labels) if point_coords is not None else None
+            sparse, dense = self.model.prompt_encoder(points=points, boxes=boxes, masks=mask_input)
+            low_res_masks, iou_predictions = self.model.mask_decoder(
+                image_embeddings=self.features,
+                image_pe=self.dense_pe,
+                sparse_prompt_embeddings=sparse,
+                dense_prompt_embeddings=dense,
+                multimask_output=multimask_output,
+            )
         masks = self.model.postprocess_masks(low_res_masks, self.input_size, self.original_size)
         if not return_logits:
             masks = masks > self.model.mask_threshold
         return masks, iou_predictions, low_res_masks
 
     predict_torch = predict_paddle
+
+    def _few_token_prompt(
+        self,
+        point_coords: paddle.Tensor | None,
+        point_labels: paddle.Tensor | None,
+        boxes: paddle.Tensor | None,
+    ) -> tuple[paddle.Tensor, paddle.Tensor] | None:
+        """Points and box packed as upstream's prompt encoder orders its tokens (the points,
+        then the box corners labelled 2 and 3, or the padding point labelled -1 without a box),
+        when they are few enough for the reassociated attention to do less work; else None."""
+        parts, labels = [], []
+        if point_coords is not None:
+            if point_coords.ndim != 3 or point_labels.shape != point_coords.shape[:2]:
+                return None  # the general path names the problem
+            parts.append(point_coords.astype("float32"))
+            labels.append(point_labels.astype("float32"))
+        if boxes is not None:
+            corners = boxes.astype("float32").reshape([-1, 2, 2])
+            parts.append(corners)
+            labels.append(
+                paddle.to_tensor([[2.0, 3.0]], place=corners.place).tile([len(corners), 1])
+            )
+        elif parts:
+            pad = paddle.zeros_like(parts[0][:, :1])
+            parts.append(pad)
+            labels.append(paddle.full([pad.shape[0], 1], -1.0, "float32"))
+        if not parts or len({int(p.shape[0]) for p in parts}) != 1:
+            return None
+        coords, codes = paddle.concat(parts, axis=1), paddle.concat(labels, axis=1)
+        md = self.model.mask_decoder
+        if 1 + md.num_mask_tokens + coords.shape[1] > few_tokens_max(self.model):
+            return None
+        return coords, codes
+
+    def _decode_few(self, coords: paddle.Tensor, labels: paddle.Tensor):
+        """IoU B x M and low-res logits B x M x h x w of all M mask tokens for packed points
+        (:meth:`_few_token_prompt`): the image's own decoder terms once per image, the
+        attention reassociated for the few tokens, the upscaling as per-token GEMMs; the same
+        function as the mask decoder's, rounded differently (~1e-7)."""
+        sam = self.model
+        terms, key_pe, gemm = self._image_terms()
+        with decoder_formulation(sam, few_tokens=True, channels_last=True):
+            return decode_from_image_terms(
+                sam.prompt_encoder, sam.mask_decoder, terms, key_pe, coords, labels, gemm
+            )
 
     @paddle.no_grad()
     def predict_point_grid(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -326,7 +383,7 @@ class SamPredictor(PredictorBase):
                 coords, paddle.ones([n, 1], "int32"), multimask_output=True, return_logits=True
             )
             return iou.numpy(), low_res.numpy()
-        terms, key_pe, gemm = self._point_grid_terms()
+        terms, key_pe, gemm = self._image_terms()
         # the point and upstream's padding point (label -1) of a prompt without a box
         coords = np.stack([pts, np.zeros_like(pts)], axis=1)
         coords_t = paddle.to_tensor(coords, place=place)
@@ -358,7 +415,7 @@ class SamPredictor(PredictorBase):
         low_res = paddle.concat([o[1] for o in outs])[:, 1:]
         return iou.numpy(), low_res.numpy()
 
-    def _point_grid_terms(self) -> tuple[list[paddle.Tensor], paddle.Tensor, dict]:
+    def _image_terms(self) -> tuple[list[paddle.Tensor], paddle.Tensor, dict]:
         """The decoder's per-image terms of the current image (kept while its embedding is
         the same object), the image PE as tokens and the output heads' GEMM weights."""
         cached = self._grid_terms
