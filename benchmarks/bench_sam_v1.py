@@ -7,7 +7,8 @@ segment-anything, same weights.
 The parent process writes one set of random weights (the official torch model's random init,
 saved as a ``.pth``, converted to ``.pdparams`` with paddle_sam's converter and exported to
 PIR programs with ``export_sam``), then runs each implementation in its own subprocess
-(``--worker paddle|static|torch``): ``paddle`` is ``SamPredictor`` (dygraph), ``static`` is
+(``--worker paddle|static|torch``): ``paddle`` is ``SamPredictor`` (dygraph; ``paddle_modules``
+the same with ``fast_decoder = False``, upstream's decoder modules per prompt), ``static`` is
 ``StaticSamPredictor`` (Paddle Inference), ``torch`` is segment-anything's ``SamPredictor``.
 They are interleaved for ``--rounds`` rounds; the median per implementation is reported, with
 warm-up calls excluded. Each worker prints one JSON line.
@@ -43,8 +44,8 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "static", "torch")
-RATIOS = ("paddle", "static")  # each over torch
+IMPLS = ("paddle", "paddle_modules", "static", "torch")
+RATIOS = ("paddle", "paddle_modules", "static")  # each over torch
 IMAGE_HW = (768, 1024)
 RESULT_PREFIX = "BENCH_RESULT "
 SEED = 0
@@ -156,6 +157,7 @@ def time_predictor(
 def run_paddle_worker(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
+
     paddle_sam.tune_process()  # the settings the CLI runs with
 
     import_s = time.perf_counter() - t0
@@ -170,10 +172,11 @@ def run_paddle_worker(args: argparse.Namespace) -> dict:
     model = paddle_sam.sam_model_registry[args.model_type](checkpoint=args.checkpoint)
     load_s = time.perf_counter() - t0
     predictor = paddle_sam.SamPredictor(model)
+    predictor.fast_decoder = args.worker == "paddle"  # paddle_modules: upstream's module path
     with paddle.no_grad():
         result = time_predictor(predictor, lambda: predictor.get_image_embedding().numpy(), args)
     return {
-        "impl": "paddle",
+        "impl": args.worker,
         "version": paddle.__version__,
         "threads": get_num_threads(),
         "import_s": import_s,
@@ -185,6 +188,7 @@ def run_paddle_worker(args: argparse.Namespace) -> dict:
 def run_static_worker(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     import paddle_sam
+
     paddle_sam.tune_process()  # the settings the CLI runs with
     from paddle_sam.deploy import StaticSamPredictor
 
@@ -231,7 +235,8 @@ def run_torch_worker(args: argparse.Namespace) -> dict:
 
 
 def worker_main(args: argparse.Namespace) -> None:
-    run = {"paddle": run_paddle_worker, "static": run_static_worker, "torch": run_torch_worker}
+    run = {"paddle": run_paddle_worker, "paddle_modules": run_paddle_worker}
+    run.update(static=run_static_worker, torch=run_torch_worker)
     run = run[args.worker]
     result = run(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB
@@ -263,8 +268,9 @@ def write_weights(model_type: str, impls: Sequence[str], tmp: Path) -> dict[str,
         torch.save(segment_anything.sam_model_registry[model_type]().state_dict(), pth)
         paths["torch"] = pth
         convert_checkpoint(pth, pdparams, model_type, progress=False)
-    if "paddle" in impls:
-        paths["paddle"] = pdparams
+    for impl in ("paddle", "paddle_modules"):
+        if impl in impls:
+            paths[impl] = pdparams
     if "static" in impls:
         from paddle_sam.export.sam_v1 import export_sam
         from paddle_sam.loading.sam_v1 import load_sam
@@ -362,7 +368,7 @@ def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
     return rows
 
 
-TABLE_HEADER = ["metric", "paddle dygraph", "paddle static", "torch"] + [
+TABLE_HEADER = ["metric", "paddle dygraph", "dygraph, module decoder", "paddle static", "torch"] + [
     f"{'dygraph' if i == 'paddle' else i}/torch" for i in RATIOS
 ]
 
@@ -587,7 +593,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads for both (default: each one's own)",
     )
     p.add_argument(
-        "--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,static,torch"
+        "--impl",
+        type=parse_impls,
+        default=IMPLS,
+        help="comma list: paddle,paddle_modules,static,torch",
     )
     p.add_argument(
         "--out",
