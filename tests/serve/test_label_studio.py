@@ -712,3 +712,51 @@ def test_video_tracking_in_process(sam2_video, clip):
     client.post("/setup", json={"project": "6.1", "schema": VIDEO_CONFIG})
     body["params"] = {"context": {"result": [video_region([(1, SQUARE_PCT)])]}}
     assert_error(client.post("/predict", json=body), 400, "video_not_supported", "SAM 2")
+
+
+def test_video_tracking_through_label_studio(label_studio, sam2_video, clip):
+    """A real Label Studio with a video project (Video + VideoRectangle): the MP4 imported as a
+    task, the backend connected, a keyframe box on frame 1 sent through Label Studio's
+    interactive annotation; the answer's region is SAM 2's track (each frame's box that of
+    the reference predictor's mask), and Label Studio takes it as a prediction of the task."""
+    backend_app = create_label_studio_app(sam2_video, max_track_frames=VIDEO_FRAMES - 1)
+    with ThreadedServer(backend_app) as backend:
+        project = label_studio.api(
+            "POST", "/api/projects", {"title": "paddle-sam video", "label_config": VIDEO_CONFIG}
+        )
+        pid = project["id"]
+        label_studio.api(
+            "POST", f"/api/projects/{pid}/import", files=(clip.name, clip.read_bytes())
+        )
+        (task,) = label_studio.api("GET", f"/api/tasks?project={pid}")["tasks"]
+        assert task["data"]["video"].startswith("/data/upload/"), task["data"]
+        ml = label_studio.api(
+            "POST",
+            "/api/ml",
+            {"url": backend.url, "project": pid, "is_interactive": True, "title": "paddle-sam"},
+        )
+        assert ml["readable_state"] == "Connected", ml
+        context = {"result": [video_region([(1, SQUARE_PCT)])]}
+        answer = label_studio.api(
+            "POST",
+            f"/api/ml/{ml['id']}/interactive-annotating",
+            {"task": task["id"], "context": context},
+        )
+        assert "errors" not in answer, answer
+        (region,) = answer["data"]["result"]
+        want = reference_track(sam2_video, clip, SQUARE_PX, 0, VIDEO_FRAMES - 1)
+        check_tracked(region, want, [1])
+        assert [k["frame"] for k in region["value"]["sequence"]] == list(range(1, 9))
+        # Label Studio stores it as the task's prediction, as it came
+        label_studio.api(
+            "POST",
+            "/api/predictions",
+            {
+                "task": task["id"],
+                "result": answer["data"]["result"],
+                "score": answer["data"]["score"],
+                "model_version": answer["data"]["model_version"],
+            },
+        )
+        (prediction,) = label_studio.api("GET", f"/api/predictions?task={task['id']}")
+        assert prediction["result"][0]["value"]["sequence"] == region["value"]["sequence"]
