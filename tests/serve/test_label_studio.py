@@ -600,14 +600,20 @@ def test_video_config_and_tracks():
 
 
 @pytest.fixture(scope="module")
-def sam2_video(tmp_path_factory):
-    """A reduced SAM 2.1 (random weights, tests/helpers/sam2_ref.py): its video predictor."""
-    pytest.importorskip("torch")
-    from paddle_sam.loading.sam2 import build_sam2_video_predictor
-    from tests.helpers.sam2_ref import reduced_checkpoint, reduced_spec
+def sam2_ckpt(tmp_path_factory) -> Path:
+    """A reduced SAM 2.1 (random weights, tests/helpers/sam2_ref.py), converted."""
+    pytest.importorskip("torch")  # written as the official .pt first
+    from tests.helpers.sam2_ref import reduced_checkpoint
 
-    ckpt = reduced_checkpoint(tmp_path_factory.mktemp("ls_sam2"))[1]
-    return build_sam2_video_predictor(reduced_spec("2.1"), ckpt)
+    return reduced_checkpoint(tmp_path_factory.mktemp("ls_sam2"))[1]
+
+
+@pytest.fixture(scope="module")
+def sam2_video(sam2_ckpt):
+    from paddle_sam.loading.sam2 import build_sam2_video_predictor
+    from tests.helpers.sam2_ref import reduced_spec
+
+    return build_sam2_video_predictor(reduced_spec("2.1"), sam2_ckpt)
 
 
 @pytest.fixture(scope="module")
@@ -760,3 +766,20 @@ def test_video_tracking_through_label_studio(label_studio, sam2_video, clip):
         )
         (prediction,) = label_studio.api("GET", f"/api/predictions?task={task['id']}")
         assert prediction["result"][0]["value"]["sequence"] == region["value"]["sequence"]
+
+
+def test_cli_backend_tracks_with_sam2(sam2_ckpt, monkeypatch):
+    """``paddle-sam serve --label-studio --checkpoint sam2.1.pdparams``: the backend has SAM 2's
+    video predictor, the video limits and --max-track-frames."""
+    import uvicorn
+
+    from paddle_sam.cli import main
+
+    started: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: started.update(app=app))
+    argv = ["serve", "--label-studio", "--checkpoint", str(sam2_ckpt), "--port", "0"]
+    assert main([*argv, "--max-track-frames", "3", "--max-video-frames", "20"]) == 0
+    backend = started["app"].state.backend
+    assert backend.videos is not None and backend.videos.takes_text is False
+    assert backend.max_track_frames == 3 and backend.videos.limits.max_frames == 20
+    assert main(["serve", "--max-track-frames", "3", "--port", "0"]) == 2
