@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import threading
 import time
 import uuid
@@ -93,6 +94,7 @@ class LabelConfig:
     labels: list[str] = field(default_factory=list)  # its Label values
     video: bool = False  # a <Video> with a <VideoRectangle>: boxes tracked
     framerate: float = LS_FRAMERATE  # the <Video>'s: how Label Studio numbers frames
+    framerate_key: str | None = None  # frameRate="$fps": each task's data names it
 
     def label_for(self, name: str | None) -> str | None:
         """The brush label named like ``name`` (case and spaces aside); None if none is."""
@@ -119,14 +121,9 @@ def _video_config(root: ET.Element) -> LabelConfig | None:
         return None
     video = videos[rects[0].get("toName")]
     name = video.get("name")
-    try:
-        framerate = float(video.get("framerate") or LS_FRAMERATE)
-    except ValueError:
-        raise ValueError(
-            f"the <Video name={name!r}> tag's framerate is not a number: {video.get('framerate')!r}"
-        ) from None
-    if not np.isfinite(framerate) or framerate <= 0:
-        raise ValueError(f"the <Video name={name!r}> tag's framerate must be positive")
+    rate = video.get("frameRate") or video.get("framerate") or str(LS_FRAMERATE)
+    key = rate[1:] if rate.startswith("$") and len(rate) > 1 else None
+    framerate = LS_FRAMERATE if key else _framerate(rate, f"the <Video name={name!r}> tag's")
     labels = [
         el.get("value")
         for tag in root.iter()
@@ -141,7 +138,18 @@ def _video_config(root: ET.Element) -> LabelConfig | None:
         labels=labels,
         video=True,
         framerate=framerate,
+        framerate_key=key,
     )
+
+
+def _framerate(value: Any, what: str) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} frameRate is not a number: {value!r}") from None
+    if not np.isfinite(rate) or rate <= 0:
+        raise ValueError(f"{what} frameRate must be positive, got {value!r}")
+    return rate
 
 
 def parse_label_config(xml: str | None) -> LabelConfig:
@@ -700,6 +708,14 @@ class LabelStudioBackend:
 
     def _track(self, task: dict, config: LabelConfig, tracks: list[Track]) -> dict:
         videos = self.videos
+        if config.framerate_key is not None:  # frameRate="$fps": this task's
+            data = task.get("data") if isinstance(task.get("data"), dict) else {}
+            what = f"task {task.get('id')}: data.{config.framerate_key}, the <Video>'s"
+            try:
+                rate = _framerate(data.get(config.framerate_key), what)
+            except ValueError as exc:
+                raise ServiceError(400, "invalid_task", str(exc)) from None
+            config = dataclasses.replace(config, framerate=rate)
         session = self._video_session(task, config)
         with session.op_lock:
             videos.reset(session)

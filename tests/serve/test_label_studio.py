@@ -580,8 +580,10 @@ def test_video_config_and_tracks():
         True, "video", "video", "box", ["square"], 10.0
     )  # fmt: skip
     assert parse_label_config(VIDEO_CONFIG.replace(' framerate="10"', "")).framerate == 24.0
-    with pytest.raises(ValueError, match="framerate is not a number"):
+    with pytest.raises(ValueError, match="frameRate is not a number"):
         parse_label_config(VIDEO_CONFIG.replace('"10"', '"fast"'))
+    camel = parse_label_config(VIDEO_CONFIG.replace('framerate="10"', 'frameRate="$fps"'))
+    assert (camel.framerate_key, camel.framerate) == ("fps", 24.0)  # each task's data.fps
     with pytest.raises(ValueError, match="no <Image>"):
         parse_label_config('<View><Video name="v" value="$v"/></View>')
     region = video_region([(1, [10, 20, 30, 40]), (4, [20, 20, 30, 40])])
@@ -705,6 +707,20 @@ def test_video_tracking_in_process(sam2_video, clip):
     frames = [k["frame"] for k in region["value"]["sequence"]]
     assert frames == [1, 5, 6, 7, 8]
     assert region["value"]["sequence"][1]["x"] == pytest.approx(moved[0])
+
+    # frameRate="$fps": each task's own; frame numbers at 5 fps are every other frame at 10
+    schema = VIDEO_CONFIG.replace('framerate="10"', 'frameRate="$fps"')
+    client.post("/setup", json={"project": "7.1", "schema": schema})
+    slow = {"tasks": [{"id": 9, "data": {"video": url, "fps": 5}}], "project": "7.1"}
+    slow["params"] = {"context": {"result": [video_region([(1, SQUARE_PCT), (3, moved)])]}}
+    (region,) = client.post("/predict", json=slow).json()["results"][0]["result"]
+    sequence = region["value"]["sequence"]
+    # keyframe 3 is the file's frame 4; its frames 5, 6, 7 are Label Studio's 3 (the keyframe's
+    # own, kept as sent), 4 and 5
+    assert [k["frame"] for k in sequence] == [1, 3, 4, 5]
+    assert sequence[2]["time"] == pytest.approx(3 / 5)
+    slow["tasks"][0]["data"]["fps"] = "fast"
+    assert_error(client.post("/predict", json=slow), 400, "invalid_task", "data.fps")
 
     late = {"context": {"result": [video_region([(12, SQUARE_PCT)])]}}
     r = client.post("/predict", json={**body, "params": late})
