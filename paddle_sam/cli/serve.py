@@ -15,6 +15,7 @@ from ..serve.config import (
     DEFAULT_MAX_LABELS_PER_TASK,
     DEFAULT_MAX_QUEUED_JOBS,
     DEFAULT_MAX_TASKS_PER_REQUEST,
+    DEFAULT_MAX_TRACK_FRAMES,
     DEFAULT_MAX_UPLOAD_MB,
     DEFAULT_MAX_VIDEO_FRAMES,
     DEFAULT_MAX_VIDEO_PIXELS,
@@ -180,6 +181,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "more (default: %(default)s)",
     )
     ls.add_argument(
+        "--max-track-frames",
+        type=positive(int),
+        default=DEFAULT_MAX_TRACK_FRAMES,
+        metavar="N",
+        help="SAM 2 tracks a VideoRectangle this many frames past its last keyframe per request "
+        "(the video limits of the video mode apply; default: %(default)s)",
+    )
+    ls.add_argument(
         "--basic-auth-user",
         default=None,
         metavar="NAME",
@@ -274,7 +283,14 @@ def _sam3_models(
     if args.no_video:
         video, why = None, "the video mode is off on this server (paddle-sam serve --no-video)"
     elif args.label_studio:
-        video, why = None, "no video mode with --label-studio"
+        # a VideoRectangle is one object's box; SAM 3's video model takes a box as an example
+        video, why = (
+            None,
+            (
+                "SAM 3 tracks no VideoRectangle here (its video model takes a box as an example of "
+                "a concept, not as one object's box): serve a SAM 2 checkpoint to track them"
+            ),
+        )
     else:
         video, why = video_predictor_or_refusal(source, bpe=args.bpe)
         if video is None and not source.lacks("video"):  # the tracker failed to build
@@ -291,20 +307,16 @@ def _sam3_models(
 def _sam2_models(
     args: argparse.Namespace,
 ) -> tuple[object, object | None, str | None, object]:
-    """SAM 2's image predictor, video predictor (None with --no-video or --label-studio), why
-    there is no video mode, and the source: one model serves both pages (SAM 2's weights are
-    one model)."""
+    """SAM 2's image predictor, video predictor (None with --no-video), why there is no video
+    mode, and the source: one model serves both pages, or the Label Studio backend's images
+    and video tracking (SAM 2's weights are one model)."""
     from ..loading import image_predictor_of_video, load_image_predictor, load_video_predictor
 
     if args.exported is not None:
         raise ValueError("SAM 2 is served from --checkpoint only (there is no SAM 2 export)")
     source = source_of(args, "sam2")
-    if args.no_video or args.label_studio:
-        why = (
-            "no video mode with --label-studio"
-            if args.label_studio
-            else "the video mode is off on this server (paddle-sam serve --no-video)"
-        )
+    if args.no_video:
+        why = "the video mode is off on this server (paddle-sam serve --no-video)"
         return load_image_predictor(source, model_type=args.model_type), None, why, source
     video = load_video_predictor(source, model_type=args.model_type)
     return image_predictor_of_video(video), video, None, source
@@ -327,6 +339,7 @@ def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
                     DEFAULT_MAX_TASKS_PER_REQUEST,
                 ),
                 ("--max-labels-per-task", args.max_labels_per_task, DEFAULT_MAX_LABELS_PER_TASK),
+                ("--max-track-frames", args.max_track_frames, DEFAULT_MAX_TRACK_FRAMES),
             )
             if v != default
         ]
@@ -368,6 +381,7 @@ def _label_studio_options(args: argparse.Namespace, token: str | None) -> dict:
         "download_timeout_s": args.download_timeout,
         "max_tasks": args.max_tasks_per_request,
         "max_labels": args.max_labels_per_task,
+        "max_track_frames": args.max_track_frames,
     }
 
 
@@ -416,7 +430,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.label_studio:
         from ..serve import create_label_studio_app
 
-        app = create_label_studio_app(model, **common, **ls_options)
+        video_options = {
+            "max_video_upload_mb": args.max_video_upload_mb,
+            "max_video_frames": args.max_video_frames,
+            "max_video_seconds": args.max_video_seconds,
+            "max_video_pixels": args.max_video_pixels,
+        }
+        app = create_label_studio_app(
+            model, **common, **ls_options, video=video, video_refusal=video_refusal, **video_options
+        )
         print(
             f"paddle-sam serve: Label Studio ML backend at http://{host}:{args.port} (add it "
             "in the project's settings, Model; Ctrl+C to stop)",

@@ -38,6 +38,7 @@ from .config import (
     DEFAULT_MAX_LABELS_PER_TASK,
     DEFAULT_MAX_QUEUED_JOBS,
     DEFAULT_MAX_TASKS_PER_REQUEST,
+    DEFAULT_MAX_TRACK_FRAMES,
     DEFAULT_MAX_UPLOAD_MB,
     DEFAULT_MAX_VIDEO_FRAMES,
     DEFAULT_MAX_VIDEO_PIXELS,
@@ -188,6 +189,13 @@ def create_label_studio_app(
     download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S,
     max_tasks: int = DEFAULT_MAX_TASKS_PER_REQUEST,
     max_labels: int = DEFAULT_MAX_LABELS_PER_TASK,
+    video: Any = None,
+    video_refusal: str | None = None,
+    max_video_upload_mb: float = DEFAULT_MAX_VIDEO_UPLOAD_MB,
+    max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES,
+    max_video_seconds: float = DEFAULT_MAX_VIDEO_SECONDS,
+    max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS,
+    max_track_frames: int = DEFAULT_MAX_TRACK_FRAMES,
 ) -> FastAPI:
     """paddle-sam as a Label Studio ML backend (``label_studio``): ``/health``, ``/setup``,
     ``/predict``, ``/webhook`` over a SAM model, a SAM 3 image model or a predictor.
@@ -201,13 +209,33 @@ def create_label_studio_app(
     loopback, private and link-local addresses; ``download_timeout_s``: the most one image may
     take. ``max_tasks``: tasks per ``/predict``; ``max_labels``: brush labels SAM 3 prompts per
     task when pre-labelling (400 beyond either).
+
+    ``video``: SAM 2's video predictor (or the video model alone, as for :func:`create_app`):
+    ``VideoRectangle`` keyframes of a video task are then tracked, at most
+    ``max_track_frames`` frames past the last keyframe per request; the video limits are
+    :func:`create_app`'s. Without it video tasks are refused with ``video_refusal``.
     """
     from .label_studio import LabelStudioBackend, router
 
+    if is_video_model(model_or_predictor) and video is None:
+        video = as_video_predictor(model_or_predictor)
+        model_or_predictor = image_predictor_of_video(video)
     service = ModelService(
         as_image_predictor(model_or_predictor, "create_label_studio_app"), model_type, threads
     )
-    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s)
+    videos: VideoService | None = None
+
+    def on_drop(session: Any) -> None:
+        if videos is not None and hasattr(session, "predictor_id"):
+            videos.release(session)  # closes the predictor's session, removes the file
+
+    store = SessionStore(int(memory_budget_mb * 2**20), session_ttl_s, on_drop=on_drop)
+    video = as_video_predictor(video)
+    if video is not None:
+        limits = VideoLimits(
+            int(max_video_upload_mb * 2**20), max_video_frames, max_video_seconds, max_video_pixels
+        )
+        videos = VideoService(service, video, store, JobQueue(DEFAULT_MAX_QUEUED_JOBS), limits)
     max_upload = int(max_upload_mb * 2**20)
     backend = LabelStudioBackend(
         service,
@@ -220,12 +248,26 @@ def create_label_studio_app(
         download_timeout_s=download_timeout_s,
         max_tasks=max_tasks,
         max_labels=max_labels,
+        videos=videos,
+        video_refusal=video_refusal,
+        max_track_frames=max_track_frames,
     )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if videos is not None:
+            for s in store.sessions():
+                if hasattr(s, "predictor_id"):
+                    videos.release(s)
+            videos.shutdown()
+
     app = FastAPI(
         title="paddle-sam (Label Studio ML backend)",
         version=__version__,
         docs_url=None,
         redoc_url=None,
+        lifespan=lifespan,
     )
     app.state.backend = backend
     # Label Studio sends a task list (and a labelling config) per request: JSON only

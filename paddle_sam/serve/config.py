@@ -18,3 +18,4 @@ DEFAULT_MAX_VIDEO_PIXELS = 1920 * 1080  # per frame
 DEFAULT_DOWNLOAD_TIMEOUT_S = 30.0  # one image, redirects included (Label Studio waits 100 s)
 DEFAULT_MAX_TASKS_PER_REQUEST = 16  # each is downloaded and embedded
 DEFAULT_MAX_LABELS_PER_TASK = 32  # SAM 3 pre-labelling prompts each brush label
+DEFAULT_MAX_TRACK_FRAMES = 50  # SAM 2 tracks a VideoRectangle this many frames per request

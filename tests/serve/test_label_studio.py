@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 from paddle_sam.predict.io import label_studio_rle
 from paddle_sam.predict.sam_v1.predictor import SamPredictor
 from paddle_sam.serve import create_label_studio_app
-from paddle_sam.serve.label_studio import parse_context, parse_label_config
+from paddle_sam.serve.label_studio import parse_context, parse_label_config, parse_tracks
 from tests.helpers.ci import missing
 from tests.helpers.server import (
     ThreadedServer,
@@ -541,3 +541,261 @@ def test_sam3_text_through_label_studio(label_studio, sam3_predictor):
         assert [r["value"]["brushlabels"] for r in regions] == [["star"]] * n_star
         for g, w in zip(ls_decode(regions), want["star"].masks, strict=True):
             assert (g == w).all()
+
+
+# -- video: SAM 2 tracks a VideoRectangle --------------------------------------------------
+
+VIDEO_CONFIG = """<View>
+  <Labels name="videoLabels" toName="video">
+    <Label value="square" background="#ff0000"/>
+  </Labels>
+  <Video name="video" value="$video" framerate="10"/>
+  <VideoRectangle name="box" toName="video" smart="true"/>
+</View>"""
+
+VIDEO_FRAMES, VIDEO_H, VIDEO_W = 8, 90, 120
+
+
+def video_region(keyframes: list[tuple[int, list[float]]], region_id: str = "sq1") -> dict:
+    """A ``videorectangle`` region as Label Studio's editor sends it: keyframes (frame from
+    1, box in percent), the label chosen."""
+    sequence = [
+        {"frame": f, "enabled": True, "rotation": 0, "x": x, "y": y, "width": w, "height": h,
+         "time": (f - 1) / 10}
+        for f, (x, y, w, h) in keyframes
+    ]  # fmt: skip
+    return {
+        "id": region_id,
+        "type": "videorectangle",
+        "from_name": "box",
+        "to_name": "video",
+        "origin": "manual",
+        "value": {"sequence": sequence, "labels": ["square"], "framesCount": 8, "duration": 0.8},
+    }
+
+
+def test_video_config_and_tracks():
+    c = parse_label_config(VIDEO_CONFIG)
+    assert (c.video, c.image, c.image_key, c.brush, c.labels, c.framerate) == (
+        True, "video", "video", "box", ["square"], 10.0
+    )  # fmt: skip
+    assert parse_label_config(VIDEO_CONFIG.replace(' framerate="10"', "")).framerate == 24.0
+    with pytest.raises(ValueError, match="frameRate is not a number"):
+        parse_label_config(VIDEO_CONFIG.replace('"10"', '"fast"'))
+    camel = parse_label_config(VIDEO_CONFIG.replace('framerate="10"', 'frameRate="$fps"'))
+    assert (camel.framerate_key, camel.framerate) == ("fps", 24.0)  # each task's data.fps
+    with pytest.raises(ValueError, match="no <Image>"):
+        parse_label_config('<View><Video name="v" value="$v"/></View>')
+    region = video_region([(1, [10, 20, 30, 40]), (4, [20, 20, 30, 40])])
+    region["value"]["sequence"].append({"frame": 6, "enabled": False, "x": 1, "y": 1,
+                                        "width": 1, "height": 1})  # fmt: skip
+    (track,) = parse_tracks({"result": [region, keypoint(1, 2)]})
+    assert track.keyframes == [(1, [10, 20, 30, 40]), (4, [20, 20, 30, 40])]
+    bad = video_region([(0, [10, 20, 30, 40])])
+    with pytest.raises(ValueError, match=r"sequence\[0\]\.frame must be a frame number from 1"):
+        parse_tracks({"result": [bad]})
+    with pytest.raises(ValueError, match="empty box"):
+        parse_tracks({"result": [video_region([(2, [10, 20, 0, 40])])]})
+    many = [video_region([(1, [1, 1, 2, 2])], f"r{i}") for i in range(17)]
+    with pytest.raises(ValueError, match="17 video regions to track, at most 16"):
+        parse_tracks({"result": many})
+
+
+@pytest.fixture(scope="module")
+def sam2_ckpt(tmp_path_factory) -> Path:
+    """A reduced SAM 2.1 (random weights, tests/helpers/sam2_ref.py), converted."""
+    pytest.importorskip("torch")  # written as the official .pt first
+    from tests.helpers.sam2_ref import reduced_checkpoint
+
+    return reduced_checkpoint(tmp_path_factory.mktemp("ls_sam2"))[1]
+
+
+@pytest.fixture(scope="module")
+def sam2_video(sam2_ckpt):
+    from paddle_sam.loading.sam2 import build_sam2_video_predictor
+    from tests.helpers.sam2_ref import reduced_spec
+
+    return build_sam2_video_predictor(reduced_spec("2.1"), sam2_ckpt)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    from tests.helpers.video import scene, write_mp4
+
+    folder = tmp_path_factory.mktemp("ls_clip")
+    return write_mp4(scene(VIDEO_FRAMES, VIDEO_H, VIDEO_W), folder / "shapes.mp4", fps=10.0)
+
+
+# the red square on frame 0 (tests/helpers/video.py): x 12-39, y 22-49 of 120 x 90
+SQUARE_PX = [12.0, 22.5, 39.0, 49.5]
+SQUARE_PCT = [100 * 12 / 120, 100 * 22.5 / 90, 100 * 27 / 120, 100 * 27 / 90]
+
+
+def reference_track(sam2_video, clip: Path, box_px, start: int, frames: int) -> dict[int, list]:
+    """SAM2VideoPredictor itself: the box on frame ``start``, tracked forward ``frames``
+    frames; each frame's mask box in percent (None where the mask is empty)."""
+    state = sam2_video.init_state(str(clip))
+    sam2_video.add_new_points_or_box(state, start, 1, box=np.asarray(box_px))
+    out = {}
+    for f, _, logits in sam2_video.propagate_in_video(
+        state, start_frame_idx=start, max_frame_num_to_track=frames
+    ):
+        m = logits.numpy()[0, 0] > 0
+        if not m.any():
+            out[f] = None
+            continue
+        ys, xs = np.nonzero(m)
+        h, w = m.shape
+        out[f] = [
+            100 * xs.min() / w,
+            100 * ys.min() / h,
+            100 * (xs.max() + 1 - xs.min()) / w,
+            100 * (ys.max() + 1 - ys.min()) / h,
+        ]
+    return out
+
+
+def check_tracked(result: dict, want: dict[int, list], keyframes: list[int]) -> None:
+    """A returned videorectangle region: the keyframes as sent, then a box per tracked frame
+    (Label Studio's frame numbers: index + 1) equal to the reference's."""
+    assert result["type"] == "videorectangle" and result["from_name"] == "box"
+    assert result["to_name"] == "video" and result["value"]["labels"] == ["square"]
+    seq = result["value"]["sequence"]
+    assert [k["frame"] for k in seq] == sorted(k["frame"] for k in seq)
+    tracked = {k["frame"]: k for k in seq if k["frame"] not in keyframes}
+    assert sorted(tracked) == [f + 1 for f in sorted(want) if f + 1 not in keyframes]
+    for f, box in want.items():
+        if f + 1 in keyframes:
+            continue
+        k = tracked[f + 1]
+        assert k["enabled"] is (box is not None)
+        if box is not None:
+            got = [k["x"], k["y"], k["width"], k["height"]]
+            assert got == pytest.approx(box, abs=1e-4), f  # float32 boxes
+            assert k["time"] == pytest.approx(f / 10)
+
+
+def test_video_tracking_in_process(sam2_video, clip):
+    """/predict with a video task (a data: URL): one keyframe box on frame 1 tracked to the
+    end by SAM 2; two keyframes and a tracking limit; refusals."""
+    from paddle_sam.serve.app import create_label_studio_app as create
+
+    client = TestClient(create(sam2_video, max_track_frames=4))
+    assert client.post("/setup", json={"project": "5.1", "schema": VIDEO_CONFIG}).status_code == 200
+    url = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    task = {"id": 9, "data": {"video": url}}
+    body = {"tasks": [task], "project": "5.1", "params": {}}
+    assert client.post("/predict", json=body).json() == {"results": []}  # nothing drawn
+
+    body["params"] = {"context": {"result": [video_region([(1, SQUARE_PCT)])]}}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 200, r.text
+    (answer,) = r.json()["results"]
+    (region,) = answer["result"]
+    assert region["id"] == "sq1" and region["value"]["sequence"][0]["frame"] == 1
+    want = reference_track(sam2_video, clip, SQUARE_PX, 0, 4)
+    assert any(b is not None for b in want.values())
+    check_tracked(region, want, [1])
+    # frames 2-5 tracked: 4 past the keyframe, the limit
+    assert max(k["frame"] for k in region["value"]["sequence"]) == 5
+    assert 0 < region["score"] <= 1 and answer["model_version"].startswith("paddle-sam-")
+
+    # two keyframes (1 and 5): tracking starts at the last one; the first is also a prompt
+    moved = [SQUARE_PCT[0] + 100 * 20 / 120, *SQUARE_PCT[1:]]
+    body["params"] = {"context": {"result": [video_region([(1, SQUARE_PCT), (5, moved)])]}}
+    (region,) = client.post("/predict", json=body).json()["results"][0]["result"]
+    frames = [k["frame"] for k in region["value"]["sequence"]]
+    assert frames == [1, 5, 6, 7, 8]
+    assert region["value"]["sequence"][1]["x"] == pytest.approx(moved[0])
+
+    # frameRate="$fps": each task's own; frame numbers at 5 fps are every other frame at 10
+    schema = VIDEO_CONFIG.replace('framerate="10"', 'frameRate="$fps"')
+    client.post("/setup", json={"project": "7.1", "schema": schema})
+    slow = {"tasks": [{"id": 9, "data": {"video": url, "fps": 5}}], "project": "7.1"}
+    slow["params"] = {"context": {"result": [video_region([(1, SQUARE_PCT), (3, moved)])]}}
+    (region,) = client.post("/predict", json=slow).json()["results"][0]["result"]
+    sequence = region["value"]["sequence"]
+    # keyframe 3 is the file's frame 4; its frames 5, 6, 7 are Label Studio's 3 (the keyframe's
+    # own, kept as sent), 4 and 5
+    assert [k["frame"] for k in sequence] == [1, 3, 4, 5]
+    assert sequence[2]["time"] == pytest.approx(3 / 5)
+    slow["tasks"][0]["data"]["fps"] = "fast"
+    assert_error(client.post("/predict", json=slow), 400, "invalid_task", "data.fps")
+
+    late = {"context": {"result": [video_region([(12, SQUARE_PCT)])]}}
+    r = client.post("/predict", json={**body, "params": late})
+    assert_error(r, 400, "invalid_context", "keyframe 12 is past the video's end")
+    backend = client.app.state.backend
+    assert len(backend.store.sessions()) == 1  # the video opened once for every request
+
+    # a backend without a video model says what it needs
+    client = TestClient(create_label_studio_app(tiny_model(0)))
+    body["project"] = "6.1"
+    client.post("/setup", json={"project": "6.1", "schema": VIDEO_CONFIG})
+    body["params"] = {"context": {"result": [video_region([(1, SQUARE_PCT)])]}}
+    assert_error(client.post("/predict", json=body), 400, "video_not_supported", "SAM 2")
+
+
+def test_video_tracking_through_label_studio(label_studio, sam2_video, clip):
+    """A real Label Studio with a video project (Video + VideoRectangle): the MP4 imported as a
+    task, the backend connected, a keyframe box on frame 1 sent through Label Studio's
+    interactive annotation; the answer's region is SAM 2's track (each frame's box that of
+    the reference predictor's mask), and Label Studio takes it as a prediction of the task."""
+    backend_app = create_label_studio_app(sam2_video, max_track_frames=VIDEO_FRAMES - 1)
+    with ThreadedServer(backend_app) as backend:
+        project = label_studio.api(
+            "POST", "/api/projects", {"title": "paddle-sam video", "label_config": VIDEO_CONFIG}
+        )
+        pid = project["id"]
+        label_studio.api(
+            "POST", f"/api/projects/{pid}/import", files=(clip.name, clip.read_bytes())
+        )
+        (task,) = label_studio.api("GET", f"/api/tasks?project={pid}")["tasks"]
+        assert task["data"]["video"].startswith("/data/upload/"), task["data"]
+        ml = label_studio.api(
+            "POST",
+            "/api/ml",
+            {"url": backend.url, "project": pid, "is_interactive": True, "title": "paddle-sam"},
+        )
+        assert ml["readable_state"] == "Connected", ml
+        context = {"result": [video_region([(1, SQUARE_PCT)])]}
+        answer = label_studio.api(
+            "POST",
+            f"/api/ml/{ml['id']}/interactive-annotating",
+            {"task": task["id"], "context": context},
+        )
+        assert "errors" not in answer, answer
+        (region,) = answer["data"]["result"]
+        want = reference_track(sam2_video, clip, SQUARE_PX, 0, VIDEO_FRAMES - 1)
+        check_tracked(region, want, [1])
+        assert [k["frame"] for k in region["value"]["sequence"]] == list(range(1, 9))
+        # Label Studio stores it as the task's prediction, as it came
+        label_studio.api(
+            "POST",
+            "/api/predictions",
+            {
+                "task": task["id"],
+                "result": answer["data"]["result"],
+                "score": answer["data"]["score"],
+                "model_version": answer["data"]["model_version"],
+            },
+        )
+        (prediction,) = label_studio.api("GET", f"/api/predictions?task={task['id']}")
+        assert prediction["result"][0]["value"]["sequence"] == region["value"]["sequence"]
+
+
+def test_cli_backend_tracks_with_sam2(sam2_ckpt, monkeypatch):
+    """``paddle-sam serve --label-studio --checkpoint sam2.1.pdparams``: the backend has SAM 2's
+    video predictor, the video limits and --max-track-frames."""
+    import uvicorn
+
+    from paddle_sam.cli import main
+
+    started: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: started.update(app=app))
+    argv = ["serve", "--label-studio", "--checkpoint", str(sam2_ckpt), "--port", "0"]
+    assert main([*argv, "--max-track-frames", "3", "--max-video-frames", "20"]) == 0
+    backend = started["app"].state.backend
+    assert backend.videos is not None and backend.videos.takes_text is False
+    assert backend.max_track_frames == 3 and backend.videos.limits.max_frames == 20
+    assert main(["serve", "--max-track-frames", "3", "--port", "0"]) == 2

@@ -43,7 +43,7 @@ function knownPhrase() {
 function configure(m) {
   $("text-form").hidden = !m.takes_text;
   $("everything-tools").hidden = !m.everything;
-  $("video-link").hidden = !m.video;  // SAM 3 with its tracker: the video page
+  $("video-link").hidden = !m.video;  // SAM 2, or SAM 3 with its tracker: the video page
   // SAM 3: an answer to text is every instance found (no 1-of-3 choice); points only when
   // the checkpoint has the tracker's heads
   $("negative-label").hidden = m.takes_points === false;

@@ -1,6 +1,7 @@
-// paddle-sam video page: open a short video, type a concept or click objects on any frame,
-// propagate (with progress, cancellable), scrub through the frames with the overlay, correct
-// with clicks and propagate again, download the results JSON and the overlay MP4.
+// paddle-sam video page: open a short video, type a concept (SAM 3) or click objects or draw
+// their boxes on any frame, propagate (with progress, cancellable), scrub through the frames
+// with the overlay, correct with clicks and propagate again, download the results JSON and
+// the overlay MP4.
 // Plain browser JavaScript, no build step and no network beyond this server; common.js
 // (loaded first) has the token, the API helpers, the status line and the RLE decoder.
 "use strict";
@@ -11,6 +12,7 @@ const video = {
   frame: 0,            // the frame shown
   selected: null,      // the object the next click refines; null: a new object
   points: new Map(),   // "obj:frame" -> [{x, y, label}]: an object's clicks on a frame
+  boxes: new Map(),    // "obj:frame" -> [x0, y0, x1, y1]: an object's box on a frame (SAM 2)
   text: "",
   busy: false,         // a request that changes the session is running
   job: null,           // the propagation in progress
@@ -47,6 +49,19 @@ function objColor(objId) {
 
 // -- model info --
 
+function takesText() {
+  // SAM 3 takes a concept (text, exemplar boxes); SAM 2 one object's clicks and box
+  return !video.health || video.health.model.takes_text !== false;
+}
+
+function promptHelp() {
+  return takesText()
+    ? "Type a concept and Find, or click an object · right click: negative point · drag: an " +
+      "example box · then Propagate, scrub with the slider or ← →"
+    : "Click an object (right click: a negative point) or drag a box around it · New object " +
+      "for the next one · then Propagate, scrub with the slider or ← →";
+}
+
 async function loadHealth() {
   try {
     const r = await api("/health");
@@ -57,7 +72,9 @@ async function loadHealth() {
     }
     video.health = await r.json();
     const m = video.health.model;
-    $("text-form").hidden = !m.takes_text;  // SAM 2 takes clicks only
+    $("text-form").hidden = !m.takes_text;  // SAM 2 takes clicks and boxes only
+    $("text-sep").hidden = !m.takes_text;
+    $("drop-hint-keys").textContent = promptHelp();
     $("model-info").textContent =
       `model ${m.type} (${m.runtime}), ${video.health.threads ?? "?"} threads`;
     const v = video.health.video;
@@ -118,6 +135,7 @@ async function openVideo(file) {
   video.session = null;
   video.frames.clear();
   video.points.clear();
+  video.boxes.clear();
   video.selected = null;
   video.text = "";
   $("text-input").value = "";
@@ -146,8 +164,10 @@ async function openVideo(file) {
   slider.max = String(info.num_frames - 1);
   slider.value = "0";
   const fps = info.fps ? ` at ${info.fps.toFixed(2)} fps` : "";
-  setStatus(`Ready: ${info.width}×${info.height}, ${info.num_frames} frames${fps}. Type a ` +
-    "concept and Find, or click an object.");
+  const how = takesText()
+    ? "Type a concept and Find, or click an object."
+    : "Click an object or drag a box around it.";
+  setStatus(`Ready: ${info.width}×${info.height}, ${info.num_frames} frames${fps}. ${how}`);
   await showFrame(0);
   updateObjects(info);
   updateControls();
@@ -320,6 +340,18 @@ function drawPrompts(dragBox = null) {
     ctx.strokeStyle = "#00e676";
     ctx.strokeRect(dragBox[0], dragBox[1], dragBox[2] - dragBox[0], dragBox[3] - dragBox[1]);
   }
+  const boxes = [];
+  for (const [key, b] of video.boxes) {
+    const [obj, frame] = key.split(":").map(Number);
+    if (frame !== video.frame) continue;
+    const [cr, cg, cb] = objColor(obj);
+    ctx.lineWidth = Math.max(2, r / 2);
+    ctx.strokeStyle = `rgb(${cr}, ${cg}, ${cb})`;
+    ctx.strokeRect(b[0], b[1], b[2] - b[0], b[3] - b[1]);
+    boxes.push([obj, ...b]);
+  }
+  // the boxes on this frame as sent, for scripts and tests: [[obj_id, x0, y0, x1, y1], ...]
+  c.dataset.boxes = JSON.stringify(boxes);
   const shown = [];
   for (const [key, pts] of video.points) {
     const [obj, frame] = key.split(":").map(Number);
@@ -398,31 +430,41 @@ async function findText(box = null) {
     // a concept starts over: earlier clicks belong to objects that are gone
     video.text = text;
     video.points.clear();
+    video.boxes.clear();
     video.selected = null;
     drawPrompts();
     updateObjects(video.session);
   }
 }
 
-async function click(x, y, negative) {
+async function objectPrompt({ point = null, box = null }) {
+  // a click or (SAM 2) a box for the selected object, or a new one. Each request sends all
+  // of the object's clicks on this frame and its box there (they replace the last ones).
   const obj = video.selected;
   const key = obj === null ? null : pointsKey(obj, video.frame);
   const earlier = key && video.points.has(key) ? video.points.get(key) : [];
-  const pts = [...earlier, { x, y, label: negative ? 0 : 1 }];
-  const body = {
-    frame_index: video.frame,
-    points: pts.map((p) => [p.x, p.y]),
-    labels: pts.map((p) => p.label),
-    outputs: ["rle"],
-  };
+  const pts = point ? [...earlier, point] : earlier;
+  const objBox = box || (key && video.boxes.has(key) ? video.boxes.get(key) : null);
+  const body = { frame_index: video.frame, outputs: ["rle"] };
+  if (pts.length) {
+    body.points = pts.map((p) => [p.x, p.y]);
+    body.labels = pts.map((p) => p.label);
+  }
+  if (objBox) body.boxes = [objBox];
   if (obj !== null) body.obj_id = obj;
-  const answer = await sendPrompt(body, obj === null ? "new object" : `object ${obj}`);
+  const what = (obj === null ? "new object" : `object ${obj}`) + (box ? " (box)" : "");
+  const answer = await sendPrompt(body, what);
   if (!answer) return;
-  // the object's clicks on this frame: each request sends them all (they replace the last)
-  video.points.set(pointsKey(answer.obj_id, answer.frame_index), pts);
+  const done = pointsKey(answer.obj_id, answer.frame_index);
+  if (pts.length) video.points.set(done, pts);
+  if (objBox) video.boxes.set(done, objBox);
   video.selected = answer.obj_id;
   updateObjects(video.session);
   drawPrompts();
+}
+
+function click(x, y, negative) {
+  return objectPrompt({ point: { x, y, label: negative ? 0 : 1 } });
 }
 
 async function removeObject(id) {
@@ -437,8 +479,10 @@ async function removeObject(id) {
       setStatus(await apiError(r), true);
       return;
     }
-    for (const key of [...video.points.keys()]) {
-      if (key.startsWith(`${id}:`)) video.points.delete(key);
+    for (const map of [video.points, video.boxes]) {
+      for (const key of [...map.keys()]) {
+        if (key.startsWith(`${id}:`)) map.delete(key);
+      }
     }
     if (video.selected === id) video.selected = null;
     await refreshSession();
@@ -458,6 +502,7 @@ async function resetVideo() {
     return;
   }
   video.points.clear();
+  video.boxes.clear();
   video.selected = null;
   video.text = "";
   $("text-input").value = "";
@@ -561,7 +606,11 @@ function bindCanvas() {
     toCoords: toVideo,
     onDrag: (box) => drawPrompts(box),
     onRelease: ({ start, button, drag, box }) => {
-      if (drag && button === 0) {
+      if (drag && button === 0 && !takesText()) {
+        // SAM 2: the box of the selected object (with its clicks here), or of a new one
+        if (box[2] > box[0] && box[3] > box[1]) objectPrompt({ box });
+        else drawPrompts();
+      } else if (drag && button === 0) {
         // an example box (with the text, if any): every instance that looks like it
         findText(box);
       } else if (!drag) {
