@@ -194,6 +194,8 @@ def reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
         context_length=spec.context_length,
         vocab_size=spec.vocab_size,
     )
+    # built in this order (the random initial weights follow it)
+    backbone = SAM3VLBackbone(visual=neck, text=text, scalp=spec.scalp)
 
     def enc_layer(batch_first: bool, pos_at_attn: bool, pos_keys: bool):
         return TransformerEncoderLayer(
@@ -245,6 +247,7 @@ def reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
         use_act_checkpoint=True,
         presence_token=True,
     )
+    transformer = TransformerWrapper(encoder=encoder, decoder=decoder, d_model=d)
     scoring = DotProductScoring(
         d_model=d,
         d_proj=d,
@@ -297,10 +300,9 @@ def reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
             ),
         )
         # its RoPE tables are for 72 x 72 features; the attention recomputes them for others
-        transformer = mb._create_tracker_transformer()
         tracker = Sam3TrackerPredictor(
             backbone=None,
-            transformer=transformer,
+            transformer=mb._create_tracker_transformer(),
             maskmem_backbone=maskmem,
             image_size=spec.image_size,
             backbone_stride=spec.vit_patch_size,
@@ -311,8 +313,6 @@ def reduced_reference(spec: Sam3Spec, bpe_path: str, interactive: bool):
             **TRACKER_SETTINGS,
         )
         inst = SAM3InteractiveImagePredictor(tracker)
-    backbone = SAM3VLBackbone(visual=neck, text=text, scalp=spec.scalp)
-    transformer = TransformerWrapper(encoder=encoder, decoder=decoder, d_model=d)
     return mb._create_sam3_model(backbone, transformer, geo, seg, scoring, inst, eval_mode=True)
 
 

@@ -18,23 +18,18 @@ import gc
 import logging
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ..video import VideoFrames
+from ..video_requests import VideoRequests
 from .video_predictor import SAM2VideoPredictor
 
 logger = logging.getLogger(__name__)
 
 NO_TEXT = "SAM 2 takes no text prompts: click the object (points) or draw its box; text needs SAM 3"
-
-
-def _required(request: Mapping[str, Any], key: str) -> Any:
-    if key not in request:
-        raise ValueError(f"request {request.get('type')!r} needs {key!r}")
-    return request[key]
 
 
 def _box_xywh(mask: np.ndarray) -> list[float]:
@@ -72,7 +67,7 @@ def object_probs(state: dict, frame_idx: int) -> np.ndarray:
     return np.asarray(probs, np.float32)
 
 
-class Sam2VideoRequests:
+class Sam2VideoRequests(VideoRequests):
     """Upstream SAM 3's request API over SAM 2's per-object video predictor (one process).
 
     Requests may come from several threads: each session is used under its own lock."""
@@ -91,61 +86,6 @@ class Sam2VideoRequests:
         self.model = model.eval()
         self._sessions: dict[str, dict[str, Any]] = {}
         self._sessions_lock = threading.Lock()
-
-    # ------------------------------------------------------------------ dispatch
-
-    def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Dispatch a request by its ``type``."""
-        request_type = self._type(request)
-        if request_type == "start_session":
-            return self.start_session(
-                resource_path=_required(request, "resource_path"),
-                session_id=request.get("session_id", None),
-            )
-        if request_type == "add_prompt":
-            return self.add_prompt(
-                session_id=_required(request, "session_id"),
-                frame_idx=_required(request, "frame_index"),
-                text=request.get("text", None),
-                points=request.get("points", None),
-                point_labels=request.get("point_labels", None),
-                bounding_boxes=request.get("bounding_boxes", None),
-                bounding_box_labels=request.get("bounding_box_labels", None),
-                obj_id=request.get("obj_id", None),
-            )
-        if request_type == "remove_object":
-            return self.remove_object(
-                session_id=_required(request, "session_id"), obj_id=_required(request, "obj_id")
-            )
-        if request_type == "reset_session":
-            return self.reset_session(session_id=_required(request, "session_id"))
-        if request_type == "close_session":
-            return self.close_session(session_id=_required(request, "session_id"))
-        if request_type == "propagate_in_video":
-            raise ValueError("propagate_in_video is a stream request: use handle_stream_request")
-        raise ValueError(
-            f"invalid request type: {request_type!r} (start_session, add_prompt, "
-            "remove_object, reset_session, close_session)"
-        )
-
-    def handle_stream_request(self, request: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-        """``propagate_in_video``: checked now, the generator then yields ``{"frame_index",
-        "outputs"}`` per frame; stop iterating (or ``close()`` it) to cancel."""
-        request_type = self._type(request)
-        if request_type != "propagate_in_video":
-            raise ValueError(f"invalid stream request type: {request_type!r} (propagate_in_video)")
-        return self.propagate_in_video(
-            session_id=_required(request, "session_id"),
-            propagation_direction=request.get("propagation_direction", "both"),
-            start_frame_idx=request.get("start_frame_index", None),
-            max_frame_num_to_track=request.get("max_frame_num_to_track", None),
-        )
-
-    @staticmethod
-    def _type(request: Any) -> Any:
-        if not isinstance(request, Mapping):
-            raise ValueError(f"a request is a dict with a 'type', got {type(request).__name__}")
-        return _required(request, "type")
 
     # ------------------------------------------------------------------ requests
 

@@ -36,6 +36,7 @@ from ...models.sam3.sam3_video_inference import (
 )
 from ..io import load_image
 from ..video import VideoFrames, open_video, preprocess_sam3_frame
+from ..video_requests import VideoRequests
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +85,7 @@ class Sam3VideoModel(Sam3VideoInferenceWithInstanceInteractivity):
         return super()._open_resource(frames)
 
 
-def _required(request: Mapping[str, Any], key: str) -> Any:
-    if key not in request:
-        raise ValueError(f"request {request.get('type')!r} needs {key!r}")
-    return request[key]
-
-
-class Sam3VideoPredictor:
+class Sam3VideoPredictor(VideoRequests):
     """Upstream's ``Sam3VideoPredictor`` on one process, around a built model
     (:func:`paddle_sam.build_sam3_video_predictor` builds both from a checkpoint, with
     upstream's arguments). Sessions belong to this predictor (upstream keeps them in a
@@ -121,63 +116,8 @@ class Sam3VideoPredictor:
         self._sessions: dict[str, dict[str, Any]] = {}
         self._sessions_lock = threading.Lock()
 
-    # ------------------------------------------------------------------ dispatch
-
-    def handle_request(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Dispatch a request by its ``type`` (upstream ``handle_request``)."""
-        request_type = self._type(request)
-        if request_type == "start_session":
-            return self.start_session(
-                resource_path=_required(request, "resource_path"),
-                session_id=request.get("session_id", None),
-            )
-        if request_type == "add_prompt":
-            return self.add_prompt(
-                session_id=_required(request, "session_id"),
-                frame_idx=_required(request, "frame_index"),
-                text=request.get("text", None),
-                points=request.get("points", None),
-                point_labels=request.get("point_labels", None),
-                bounding_boxes=request.get("bounding_boxes", None),
-                bounding_box_labels=request.get("bounding_box_labels", None),
-                obj_id=request.get("obj_id", None),
-            )
-        if request_type == "remove_object":
-            return self.remove_object(
-                session_id=_required(request, "session_id"),
-                obj_id=_required(request, "obj_id"),
-                is_user_action=request.get("is_user_action", True),
-            )
-        if request_type == "reset_session":
-            return self.reset_session(session_id=_required(request, "session_id"))
-        if request_type == "close_session":
-            return self.close_session(session_id=_required(request, "session_id"))
-        if request_type == "propagate_in_video":
-            raise ValueError("propagate_in_video is a stream request: use handle_stream_request")
-        raise ValueError(
-            f"invalid request type: {request_type!r} (start_session, add_prompt, "
-            "remove_object, reset_session, close_session)"
-        )
-
-    def handle_stream_request(self, request: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-        """Dispatch a stream request (upstream ``handle_stream_request``): the request is
-        checked now, the generator then yields ``{"frame_index", "outputs"}`` per frame.
-        Stop iterating (or ``close()`` it) to cancel; the session stays usable."""
-        request_type = self._type(request)
-        if request_type != "propagate_in_video":
-            raise ValueError(f"invalid stream request type: {request_type!r} (propagate_in_video)")
-        return self.propagate_in_video(
-            session_id=_required(request, "session_id"),
-            propagation_direction=request.get("propagation_direction", "both"),
-            start_frame_idx=request.get("start_frame_index", None),
-            max_frame_num_to_track=request.get("max_frame_num_to_track", None),
-        )
-
-    @staticmethod
-    def _type(request: Any) -> Any:
-        if not isinstance(request, Mapping):
-            raise ValueError(f"a request is a dict with a 'type', got {type(request).__name__}")
-        return _required(request, "type")
+    def _remove_object_options(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        return {"is_user_action": request.get("is_user_action", True)}
 
     # ------------------------------------------------------------------ requests
 
