@@ -272,7 +272,6 @@ def quantize_ort(cand: str, model: str, src: Path, dst: Path, work: Path) -> Non
     """onnxruntime.quantization: dynamic (weights int8, activations quantised at run time)
     or static QDQ (weights int8 per channel, activations u8 from calibration ranges)."""
     from onnxruntime.quantization import (
-        CalibrationDataReader,
         CalibrationMethod,
         QuantFormat,
         QuantType,
@@ -298,33 +297,67 @@ def quantize_ort(cand: str, model: str, src: Path, dst: Path, work: Path) -> Non
             use_external_data_format=external,
         )
     else:
-        import onnxruntime as ort
-
-        name = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).get_inputs()
-        name = name[0].name
-
-        class Reader(CalibrationDataReader):
-            def __init__(self) -> None:
-                self.items = iter(
-                    [{name: np.load(work / f"calib_{i}.npy")} for i in range(CALIBRATION_IMAGES)]
-                )
-
-            def get_next(self):
-                return next(self.items, None)
-
+        nodes, cache = calibrate_ort(src, work, external)
         quantize_static(
             str(src),
             str(dst),
-            Reader(),
+            None,
             quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul", "Gemm", "Conv"],
+            nodes_to_quantize=nodes,
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
+            calibration_cache_path=str(cache),
             use_external_data_format=external,
-            # ranges merged after every image: the intermediates of one image at a time
-            extra_options={"CalibMaxIntermediateOutputs": 1},
         )
+
+
+def calibrate_ort(src: Path, work: Path, external: bool) -> tuple[list[str], Path]:
+    """Min / max of the activations entering and leaving the layers with weights (MatMul,
+    Gemm, Conv), over the calibration images, written as onnxruntime's calibration cache;
+    returns (those nodes, the cache). onnxruntime's own calibrator also keeps the attention
+    products (12 x 4096 x 4096 per global block of ViT-B) of every image: killed at 23 GB."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData, save_tensors_data
+
+    m = onnx.load(str(src))
+    g = m.graph
+    weights = {t.name for t in g.initializer}
+    layers = [n for n in g.node if n.op_type in ("MatMul", "Gemm", "Conv")]
+    layers = [n for n in layers if n.input[1] in weights]
+    names = list(dict.fromkeys(t for n in layers for t in (n.input[0], n.output[0])))
+    outputs = {o.name for o in g.output}
+    for t in names:
+        if t not in outputs:
+            g.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    augmented = work / "calibration.onnx"
+    onnx.save(
+        m,
+        str(augmented),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=augmented.name + ".data",
+    )
+    del m, g
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(str(augmented), opts, providers=["CPUExecutionProvider"])
+    feed = session.get_inputs()[0].name
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    for i in range(CALIBRATION_IMAGES):
+        got = session.run(names, {feed: np.load(work / f"calib_{i}.npy")})
+        for t, v in zip(names, got, strict=True):
+            lo[t] = min(lo.get(t, np.inf), float(v.min()))
+            hi[t] = max(hi.get(t, -np.inf), float(v.max()))
+    del session
+    data = {t: (np.array(lo[t], np.float32), np.array(hi[t], np.float32)) for t in names}
+    cache = work / "calibration.json"
+    save_tensors_data(TensorsData(CalibrationMethod.MinMax, data), cache)
+    return [n.name for n in layers], cache
 
 
 def write_ov_side(model: str, work: Path, wanted: Sequence[str]) -> dict:
