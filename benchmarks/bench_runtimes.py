@@ -280,12 +280,16 @@ def quantize_ort(cand: str, model: str, src: Path, dst: Path, work: Path) -> Non
     )
 
     external = model == "sam3"  # over protobuf's 2 GB as fp32 intermediates
+    import onnx
+
+    nodes = [n.name for n in weight_layers(onnx.load(str(src), load_external_data=False).graph)]
     if cand == "ort-int8-dyn":
         quantize_dynamic(
             str(src),
             str(dst),
             per_channel=True,
             weight_type=QuantType.QInt8,
+            nodes_to_quantize=nodes,
             use_external_data_format=external,
         )
     elif cand == "ort-int8-dyn-u8":  # what `paddle-sam export --format onnx --quantize` writes
@@ -297,7 +301,7 @@ def quantize_ort(cand: str, model: str, src: Path, dst: Path, work: Path) -> Non
             use_external_data_format=external,
         )
     else:
-        nodes, cache = calibrate_ort(src, work, external)
+        nodes, cache = calibrate_ort(src, work, external)  # the same nodes
         quantize_static(
             str(src),
             str(dst),
@@ -314,6 +318,19 @@ def quantize_ort(cand: str, model: str, src: Path, dst: Path, work: Path) -> Non
         )
 
 
+def weight_layers(graph) -> list:
+    """The nodes that hold weights: Gemm, Conv, and MatMul by a 2-D initializer (SAM v1's
+    relative-position tables are 3-D MatMul operands: per-channel int8 refuses them, and they
+    are small)."""
+    dims = {t.name: len(t.dims) for t in graph.initializer}
+    return [
+        n
+        for n in graph.node
+        if (n.op_type in ("Gemm", "Conv") and n.input[1] in dims)
+        or (n.op_type == "MatMul" and dims.get(n.input[1]) == 2)
+    ]
+
+
 def calibrate_ort(src: Path, work: Path, external: bool) -> tuple[list[str], Path]:
     """Min / max of the activations entering and leaving the layers with weights (MatMul,
     Gemm, Conv), over the calibration images, written as onnxruntime's calibration cache;
@@ -325,9 +342,7 @@ def calibrate_ort(src: Path, work: Path, external: bool) -> tuple[list[str], Pat
 
     m = onnx.load(str(src))
     g = m.graph
-    weights = {t.name for t in g.initializer}
-    layers = [n for n in g.node if n.op_type in ("MatMul", "Gemm", "Conv")]
-    layers = [n for n in layers if n.input[1] in weights]
+    layers = weight_layers(g)
     names = list(dict.fromkeys(t for n in layers for t in (n.input[0], n.output[0])))
     outputs = {o.name for o in g.output}
     for t in names:
