@@ -751,6 +751,8 @@ def parent_main(args) -> None:
             load_before = os.getloadavg()[0]
             res = run_child(python_for(cand, args), argv, f"round {r} {cand}", env)
             runs[cand].append({**res, "load_avg_1min_before": load_before})
+            with open(work / "runs.jsonl", "a") as f:  # each result as it comes
+                f.write(json.dumps({"round": r, **runs[cand][-1]}) + "\n")
     summary: dict[str, dict] = {}
     for cand, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
