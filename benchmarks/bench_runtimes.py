@@ -767,6 +767,7 @@ def parent_main(args) -> None:
             k: v for k, v in ok[0].items() if k in ("precision", "onednn_kernel_blacklist")
         }
         s["calls"] = [t for r in ok for t in r["call_all_s"]]
+        s["load_avg"] = [r["load_avg_1min_before"] for r in ok]
         summary[cand] = s
     for cand, acc in compare(work, cands).items():
         summary[cand].update(acc)
@@ -801,7 +802,9 @@ def parent_main(args) -> None:
     print(v1.format_table(rows, markdown=False, header=HEADER))
     for cand, s in summary.items():
         if "calls" in s:
-            print(f"{cand}: calls {' / '.join(f'{t:.2f}' for t in s['calls'])} s {s['detail']}")
+            calls = " / ".join(f"{t:.2f}" for t in s["calls"])
+            load = " / ".join(f"{t:.1f}" for t in s["load_avg"])
+            print(f"{cand}: calls {calls} s; 1-min load average before: {load}; {s['detail']}")
     stem = f"runtimes_{args.model}_{started.strftime('%Y%m%d-%H%M%S')}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
