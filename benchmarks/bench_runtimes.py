@@ -747,7 +747,8 @@ def parent_main(args) -> None:
         for cand in cands:
             argv = ["--worker", cand, *common, "--repeats", str(args.repeats)]
             argv += ["--threads", str(args.threads)]
-            env = child_env(args.threads, ONEDNN_ENV if cand.startswith("pi-onednn") else None)
+            extra = {**(ONEDNN_ENV if cand.startswith("pi-onednn") else {}), **ISA_ENV[args.isa]}
+            env = child_env(args.threads, extra)
             load_before = os.getloadavg()[0]
             res = run_child(python_for(cand, args), argv, f"round {r} {cand}", env)
             runs[cand].append({**res, "load_avg_1min_before": load_before})
@@ -787,6 +788,7 @@ def parent_main(args) -> None:
         ("python", platform.python_version()),
         ("versions", versions(summary, prep)),
         ("threads", f"{args.threads} for every runtime"),
+        ("isa", " ".join(f"{k}={v}" for k, v in ISA_ENV[args.isa].items()) or "native"),
         (
             "settings",
             f"{args.model} encoder, repeats {args.repeats} (median) after a warm-up, "
@@ -805,7 +807,8 @@ def parent_main(args) -> None:
             calls = " / ".join(f"{t:.2f}" for t in s["calls"])
             load = " / ".join(f"{t:.1f}" for t in s["load_avg"])
             print(f"{cand}: calls {calls} s; 1-min load average before: {load}; {s['detail']}")
-    stem = f"runtimes_{args.model}_{started.strftime('%Y%m%d-%H%M%S')}"
+    isa = "" if args.isa == "native" else f"_{args.isa}"
+    stem = f"runtimes_{args.model}{isa}_{started.strftime('%Y%m%d-%H%M%S')}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f"{stem}.csv", "w", newline="") as f:
@@ -843,6 +846,21 @@ def versions(summary: dict, prep: dict) -> str:
 ONEDNN_ENV: dict[str, str] = {}
 
 
+# --isa avx2: the libraries' own switches to stay below AVX-512 on a CPU that has it (oneDNN,
+# which OpenVINO's CPU plugin and Paddle's oneDNN path use; MKL; PyTorch's ATen kernels).
+# ONNX Runtime's MLAS has no such switch and Paddle's fused attention kernel checks the CPU
+# itself: those two still use AVX-512 (the table says so).
+ISA_ENV: dict[str, dict[str, str]] = {
+    "native": {},
+    "avx2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "DNNL_MAX_CPU_ISA": "AVX2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+    },
+}
+
+
 def parse_candidates(text: str) -> tuple[str, ...]:
     cands = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     bad = [c for c in cands if c not in CANDIDATES]
@@ -860,6 +878,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=v1.positive, default=3)
     p.add_argument("--rounds", type=v1.positive, default=1)
     p.add_argument("--threads", type=v1.positive, default=1)
+    p.add_argument(
+        "--isa",
+        choices=tuple(ISA_ENV),
+        default="native",
+        help="avx2: ask oneDNN, MKL and ATen to stay below AVX-512 (not ONNX Runtime)",
+    )
     p.add_argument("--workdir", default=None, help="prepared files (reused when present)")
     p.add_argument(
         "--ov-python",
