@@ -67,20 +67,13 @@ class Attention(nn.Layer):
         # see model_misc.use_fused_attention (None: Paddle's fused CPU kernel when it applies)
         self.fused_attention: bool | None = None
 
-    # one head (SAM 2's and SAM 3's memory attention): the head axis moves by a reshape;
-    # Paddle's transpose would copy (up to 7 memories x 5184 keys x 256 per layer)
-
     def _separate_heads(self, x: paddle.Tensor) -> paddle.Tensor:
         b, n, c = x.shape
         h = self.num_heads
-        if h == 1:
-            return x.reshape([b, 1, n, c])
         return x.reshape([b, n, h, c // h]).transpose([0, 2, 1, 3])  # B x h x N x d
 
     def _recombine_heads(self, x: paddle.Tensor) -> paddle.Tensor:
         b, h, n, d = x.shape
-        if h == 1:
-            return x.reshape([b, n, d])
         return x.transpose([0, 2, 1, 3]).reshape([b, n, h * d])
 
     def _attend(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
@@ -92,13 +85,7 @@ class Attention(nn.Layer):
         dropout = self.training and self.dropout_p > 0
         scale = 1.0 / math.sqrt(d)
         if not dropout and use_fused_attention(self.fused_attention, q, n_q, n_k):
-            qkv = paddle.stack(
-                [
-                    t.reshape([b, n_q, 1, d]) if h == 1 else t.transpose([0, 2, 1, 3])
-                    for t in (q, k, v)
-                ],
-                axis=2,
-            )
+            qkv = paddle.stack([t.transpose([0, 2, 1, 3]) for t in (q, k, v)], axis=2)
             out = fused_self_attention(qkv, scale).reshape([b, n_q, h * d])
             return self.out_proj(out)
         out = attend_in_row_blocks(q * scale, k, v, dropout_p=self.dropout_p if dropout else 0.0)
