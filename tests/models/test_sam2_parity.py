@@ -80,7 +80,38 @@ def _cosine(a, b) -> float:
 
 
 def test_image_encoder(pair) -> None:
-    ref, ours = pair
+    _check_image_encoder(*pair)
+
+
+@pytest.mark.parametrize("path", ["inference", "unfused attention", "MLP in row chunks"])
+def test_image_encoder_paths(pair, monkeypatch, path: str) -> None:
+    """Without gradients, as the predictors run it: Paddle's fused attention kernel where this
+    CPU has it (AVX-512), attention without it (other CPUs), and the MLP in row chunks (the
+    first stage's at full size; forced here, in uneven chunks)."""
+    from paddle_sam.models.sam2 import hieradet
+    from paddle_sam.models.sam3.model_misc import fused_attention_available
+
+    calls = []
+    if path == "inference":
+        if not fused_attention_available():
+            pytest.skip("no fused attention kernel on this CPU")
+        fused = hieradet.fused_self_attention
+        monkeypatch.setattr(
+            hieradet, "fused_self_attention", lambda *a: calls.append(a) or fused(*a)
+        )
+    elif path == "unfused attention":
+        monkeypatch.setattr(hieradet, "use_fused_attention", lambda *a: calls.append(a) and False)
+    else:
+        monkeypatch.setattr(hieradet, "MLP_CHUNKED_FROM", 1)
+        monkeypatch.setattr(hieradet, "MLP_CHUNK_HIDDEN", 1000)
+        split = paddle.split
+        monkeypatch.setattr(paddle, "split", lambda *a, **k: calls.append(a) or split(*a, **k))
+    with paddle.no_grad():
+        _check_image_encoder(*pair)
+    assert calls, f"{path}: the path was not taken"
+
+
+def _check_image_encoder(ref, ours) -> None:
     x = np.random.default_rng(1).standard_normal((2, 3, 256, 256)).astype(np.float32)
     with torch.no_grad():
         want = ref.forward_image(torch.from_numpy(x))

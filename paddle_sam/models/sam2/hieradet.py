@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from ..common import MLP, Linear
-from ..sam3.model_misc import attend_in_row_blocks
+from ..common import MLP, Linear, can_be_inplace
+from ..sam3.model_misc import attend_in_row_blocks, fused_self_attention, use_fused_attention
 
 
 def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor, tuple[int, int]]:
@@ -96,17 +97,55 @@ class MultiScaleAttention(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         b, h, w, _ = x.shape
         heads = self.num_heads
-        qkv = self.qkv(x).reshape([b, h * w, 3, heads, -1])
-        q, k, v = paddle.unbind(qkv, axis=2)  # each B x HW x heads x d
+        d = self.dim_out // heads
+        scale = 1.0 / math.sqrt(d)
+        if self.q_pool is None and use_fused_attention(None, x, h * w, h * w):
+            # the packed B x N x 3 x heads x d qkv is the fused kernel's input as it is
+            qkv = self.qkv(x).reshape([b, h * w, 3, heads, d])
+            return self.proj(fused_self_attention(qkv, scale).reshape([b, h, w, -1]))
+        q, k, v = self._project_qkv(x)  # each B x H x W x dim_out
         if self.q_pool is not None:
-            q = do_pool(q.reshape([b, h, w, -1]), self.q_pool)
-            h, w = q.shape[1], q.shape[2]
-            q = q.reshape([b, h * w, heads, -1])
-        q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))  # B x heads x N x d
-        scale = 1.0 / math.sqrt(q.shape[-1])
+            q = do_pool(q, self.q_pool)
+        n_q, n_k = q.shape[1] * q.shape[2], h * w
+        h, w = q.shape[1], q.shape[2]
+        q, k, v = (_split_heads(t, n, heads, d) for t, n in ((q, n_q), (k, n_k), (v, n_k)))
         x = attend_in_row_blocks(q * scale, k, v)  # B x heads x N x d
-        x = x.transpose([0, 2, 1, 3]).reshape([b, h, w, -1])
-        return self.proj(x)
+        if heads > 1:
+            x = x.transpose([0, 2, 1, 3])
+        return self.proj(x.reshape([b, h, w, -1]))
+
+    def _project_qkv(self, x: paddle.Tensor) -> list[paddle.Tensor]:
+        """q, k and v, each from its third of ``qkv``'s weight: three GEMMs that write them
+        apart, where one GEMM and an unbind would copy them out of the packed result again
+        (the same products; about a fifth of a small-window attention's time)."""
+        if not paddle.in_dynamic_mode() or (paddle.is_grad_enabled() and not x.stop_gradient):
+            return list(paddle.unbind(self.qkv(x).reshape([*x.shape[:3], 3, -1]), axis=3))
+        c = self.dim_out
+        rows = x.reshape([-1, x.shape[-1]])
+        weight, bias = self.qkv.weight, self.qkv.bias
+        return [
+            paddle.addmm(bias[i * c : (i + 1) * c], rows, weight[:, i * c : (i + 1) * c]).reshape(
+                [*x.shape[:3], c]
+            )
+            for i in range(3)
+        ]
+
+
+def _split_heads(t: paddle.Tensor, n: int, heads: int, d: int) -> paddle.Tensor:
+    """``B x H x W x (heads * d)`` -> ``B x heads x N x d`` (no copy for one head)."""
+    if heads == 1:
+        return t.reshape([t.shape[0], 1, n, d])
+    return t.reshape([t.shape[0], n, heads, d]).transpose([0, 2, 1, 3])
+
+
+# The MLP's hidden activations per row chunk in dygraph inference (floats: 2 MB, a core's L2
+# cache on current Xeons), for MLPs of at least MLP_CHUNKED_FROM hidden activations (the first
+# stage's: 65536 rows of 384 or 448 features at 1024 px). Paddle's CPU GELU (erf form) costs
+# about 4x torch's, and there it and the two Linears' outputs fit no cache: measured here
+# (Xeon, one thread) 0.33 s -> 0.23 s for that MLP of Hiera tiny, torch 0.22 s. Smaller maps
+# gained nothing and lost GEMM efficiency. Per row, the same products and sums.
+MLP_CHUNK_HIDDEN = 1 << 19
+MLP_CHUNKED_FROM = 1 << 24
 
 
 class MultiScaleBlock(nn.Layer):
@@ -156,7 +195,21 @@ class MultiScaleBlock(nn.Layer):
         if self.window_size > 0:
             x = window_unpartition(x, window_size, pad_hw, (h, w))
         x = shortcut + x
-        return x + self.mlp(self.norm2(x))
+        return self._norm_mlp(x)
+
+    def _norm_mlp(self, x: paddle.Tensor) -> paddle.Tensor:
+        """``x + mlp(norm2(x))``; in dygraph inference on large maps in row chunks whose hidden
+        activations stay in the CPU's cache (see ``MLP_CHUNK_HIDDEN``)."""
+        c = x.shape[-1]
+        rows = int(np.prod(x.shape[:-1]))
+        hidden = self.mlp.layers[0].weight.shape[1]
+        if rows * hidden < MLP_CHUNKED_FROM or not can_be_inplace(x):
+            return x + self.mlp(self.norm2(x))
+        step = max(1, MLP_CHUNK_HIDDEN // hidden)
+        flat = x.reshape([rows, c])
+        sections = [min(step, rows - i) for i in range(0, rows, step)]
+        out = [part + self.mlp(self.norm2(part)) for part in paddle.split(flat, sections)]
+        return paddle.concat(out).reshape(x.shape)
 
 
 class Hiera(nn.Layer):
