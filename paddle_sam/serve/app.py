@@ -62,6 +62,24 @@ NO_VIDEO_MODEL = (
 )
 
 
+def _image_and_video(model_or_predictor: Any, video: Any) -> tuple[Any, Any]:
+    """A video model given alone: its image part (SAM 3's detector with the tracker's heads
+    for clicks; SAM 2's model) answers image requests, the same weights the video mode uses."""
+    if is_video_model(model_or_predictor) and video is None:
+        video = as_video_predictor(model_or_predictor)
+        model_or_predictor = image_predictor_of_video(video)
+    return model_or_predictor, video
+
+
+def _release_videos(videos: VideoService | None, store: SessionStore) -> None:
+    """At shutdown: every video session's predictor session closed, its file removed."""
+    if videos is not None:
+        for s in store.sessions():
+            if hasattr(s, "predictor_id"):
+                videos.release(s)
+        videos.shutdown()
+
+
 def create_app(
     model_or_predictor: Any,
     *,
@@ -107,11 +125,7 @@ def create_app(
     generator's defaults for it (lowered for the bundled SAM v1).
     """
     check_token(token)
-    if is_video_model(model_or_predictor) and video is None:
-        # a video model alone: its image part (SAM 3's detector with the tracker's heads for
-        # clicks; SAM 2's model) answers the image page, the same weights the video mode
-        video = as_video_predictor(model_or_predictor)
-        model_or_predictor = image_predictor_of_video(video)
+    model_or_predictor, video = _image_and_video(model_or_predictor, video)
 
     predictor = as_image_predictor(model_or_predictor, "create_app")
     service = ModelService(predictor, model_type, threads, source)
@@ -136,11 +150,7 @@ def create_app(
         for s in store.sessions():
             cancel_jobs(s)
         jobs.shutdown()
-        if videos is not None:
-            for s in store.sessions():
-                if hasattr(s, "predictor_id"):
-                    videos.release(s)
-            videos.shutdown()
+        _release_videos(videos, store)
 
     app = FastAPI(
         title="paddle-sam",
@@ -217,9 +227,7 @@ def create_label_studio_app(
     """
     from .label_studio import LabelStudioBackend, router
 
-    if is_video_model(model_or_predictor) and video is None:
-        video = as_video_predictor(model_or_predictor)
-        model_or_predictor = image_predictor_of_video(video)
+    model_or_predictor, video = _image_and_video(model_or_predictor, video)
     service = ModelService(
         as_image_predictor(model_or_predictor, "create_label_studio_app"), model_type, threads
     )
@@ -256,11 +264,7 @@ def create_label_studio_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        if videos is not None:
-            for s in store.sessions():
-                if hasattr(s, "predictor_id"):
-                    videos.release(s)
-            videos.shutdown()
+        _release_videos(videos, store)
 
     app = FastAPI(
         title="paddle-sam (Label Studio ML backend)",
