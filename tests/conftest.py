@@ -50,9 +50,10 @@ def _tuned_process() -> None:
 
 
 def find_reference_dir() -> Path:
-    """The nearest ``shared/reference`` among the repository's ancestors."""
+    """``shared/reference`` beside the repository, else beside its parent (a worktree at
+    ``/work/wt/NAME``); no higher, so a stray ``/tmp/shared`` is never taken for it."""
     parents = Path(__file__).resolve().parents
-    for parent in parents[1:]:
+    for parent in parents[2:4]:
         if (parent / "shared" / "reference").is_dir():
             return parent / "shared" / "reference"
     return parents[2] / "shared" / "reference"

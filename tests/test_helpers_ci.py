@@ -77,18 +77,20 @@ def _run(root: Path, test: str, ci: str | None) -> subprocess.CompletedProcess:
 def test_reference_fixtures_skip_here_and_fail_in_ci(tmp_path, test, reference, message):
     """No ``shared/reference`` (``reference_dir``), or one without the BPE file
     (``bpe_path``): the test is skipped, and in CI it errors in its setup."""
-    _copy_of_the_conftest(tmp_path)
+    root = tmp_path / "repo"
+    _copy_of_the_conftest(root)
     if reference:
         (tmp_path / "shared" / "reference").mkdir(parents=True)
     else:
-        found = [p for p in tmp_path.parents if (p / "shared" / "reference").is_dir()]
-        assert not found, f"a shared/reference above the temporary folder: {found}"
+        # the conftest looks beside the repository and one level higher, no further
+        found = [p for p in root.parents[:2] if (p / "shared" / "reference").is_dir()]
+        assert not found, f"a shared/reference near the temporary folder: {found}"
 
-    here = _run(tmp_path, test, ci=None)
+    here = _run(root, test, ci=None)
     assert here.returncode == 0, here.stdout + here.stderr
     assert "1 skipped" in here.stdout and message in here.stdout, here.stdout
 
-    in_ci = _run(tmp_path, test, ci="true")
+    in_ci = _run(root, test, ci="true")
     assert in_ci.returncode == 1, in_ci.stdout + in_ci.stderr
     assert "1 error" in in_ci.stdout and message in in_ci.stdout, in_ci.stdout
     assert "missing in CI" in in_ci.stdout and "skipped" not in in_ci.stdout, in_ci.stdout
