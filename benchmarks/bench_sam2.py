@@ -2,7 +2,12 @@
 the official sam2 (1.1.0), same random weights, Hiera tiny and base+.
 
     python benchmarks/bench_sam2.py [--models t,b+] [--repeats 3] [--frames 6] [--rounds 2]
-        [--threads N] [--csv benchmarks/results/sam2_<timestamp>.csv]
+        [--threads N] [--runtime dynamic|openvino|openvino-bf16]
+        [--csv benchmarks/results/sam2_<timestamp>.csv]
+
+``--runtime openvino`` / ``openvino-bf16``: paddle-sam's side is ``paddle-sam export``'s folder
+of the same converted weights, its image encoder on OpenVINO (fp32, or bf16 where the CPU has
+avx512_bf16 or AMX), the rest the dynamic model, as ``--exported`` runs it.
 
 A ``prepare`` worker writes a generated 640 x 480 video (JPEG frames ``0.jpg``, ``1.jpg``, ...,
 quality 95: upstream reads JPEG folders) and, per model, one set of weights: the official model
@@ -104,6 +109,13 @@ METRICS = (
     Metric("peak_rss_mb", "peak RSS, image + video (MB)", digits=0),
 )
 HEADLINE = ("set_image_s", "frame_s")
+RUNTIME_NOTES = {
+    "dynamic": "the dynamic model (exact)",
+    "openvino": "paddle-sam export: image encoder on OpenVINO fp32, the rest dynamic; the "
+    "trunk row is the whole encoder (trunk and neck), its splits 0",
+    "openvino-bf16": "paddle-sam export: image encoder on OpenVINO bf16 (approximate), the "
+    "rest dynamic; the trunk row is the whole encoder (trunk and neck), its splits 0",
+}
 
 
 def config(model: str) -> str:
@@ -142,6 +154,10 @@ class ModuleTimers:
 
 def image_encoder_timers(model: Any) -> ModuleTimers:
     enc = model.image_encoder
+    if not hasattr(enc, "trunk"):  # an exported encoder (--runtime openvino): one part
+        return ModuleTimers(
+            {"trunk": [enc], "attention": [], "global_attention": [], "mlp": [], "neck": []}
+        )
     return ModuleTimers(
         {
             "trunk": [enc.trunk],
@@ -242,23 +258,35 @@ def run_paddle_worker(args) -> dict:
     import paddle
 
     from paddle_sam._runtime import get_num_threads
-    from paddle_sam.loading.sam2 import build_sam2, build_sam2_video_predictor
+    from paddle_sam.loading.sam2 import build_sam2, build_sam2_video_predictor, load_sam2_export
     from paddle_sam.predict.sam2.predictor import SAM2ImagePredictor
 
     paddle.set_device("cpu")
     if args.threads:
         paddle_sam.set_num_threads(args.threads)
     cfg = config(args.model)
+    precision = "bf16" if args.runtime == "openvino-bf16" else "fp32"
+
+    def image_model() -> Any:
+        if args.runtime == "dynamic":
+            return build_sam2(cfg, args.checkpoint)
+        return load_sam2_export(args.checkpoint, precision=precision)
+
+    def video_model() -> Any:
+        if args.runtime == "dynamic":
+            return build_sam2_video_predictor(cfg, args.checkpoint, fill_hole_area=0)
+        return load_sam2_export(args.checkpoint, video=True, precision=precision, fill_hole_area=0)
+
     with paddle.no_grad():
         t0 = time.perf_counter()
-        predictor = SAM2ImagePredictor(build_sam2(cfg, args.checkpoint))
+        predictor = SAM2ImagePredictor(image_model())
         load_s = time.perf_counter() - t0
         image = time_image(predictor, lambda t: t.numpy(), args)
         del predictor
         gc.collect()
 
         t0 = time.perf_counter()
-        video_predictor = build_sam2_video_predictor(cfg, args.checkpoint, fill_hole_area=0)
+        video_predictor = video_model()
         video_load_s = time.perf_counter() - t0
         api = {
             "click": lambda state: video_predictor.add_new_points_or_box(
@@ -343,8 +371,9 @@ def worker_main(args) -> None:
 # --------------------------------------------------------------------------------- inputs
 
 
-def prepare(tmp: Path, models: Sequence[str], frames: int) -> dict:
-    """The video folder, and per model the official ``.pt`` and its conversion."""
+def prepare(tmp: Path, models: Sequence[str], frames: int, runtime: str) -> dict:
+    """The video folder, and per model the official ``.pt`` and its conversion (or, for an
+    OpenVINO ``runtime``, the conversion's ``paddle-sam export`` folder)."""
     import torch
 
     from paddle_sam.convert.checkpoint import convert_checkpoint
@@ -364,6 +393,12 @@ def prepare(tmp: Path, models: Sequence[str], frames: int) -> dict:
         pdparams = tmp / f"{stem}.pdparams"
         convert_checkpoint(pt, pdparams, progress=False)
         out[model] = {"torch": str(pt), "paddle": str(pdparams)}
+        if runtime != "dynamic":
+            from paddle_sam.export.sam2 import export_sam2
+            from paddle_sam.loading.sam2 import load_sam2
+
+            export_sam2(load_sam2(pdparams), tmp / f"{stem}_export", model_type=f"sam2.1_{model}")
+            out[model]["paddle"] = str(tmp / f"{stem}_export")
     return out
 
 
@@ -380,6 +415,8 @@ def collect(args, inputs: dict) -> dict[str, dict[str, list[dict]]]:
                 argv += ["--checkpoint", inputs[model][impl], "--repeats", str(args.repeats)]
                 if args.threads:
                     argv += ["--threads", str(args.threads)]
+                if impl == "paddle":
+                    argv += ["--runtime", args.runtime]
                 load_before = os.getloadavg()[0]
                 label = f"round {r}/{args.rounds} {MODELS[model]} {impl}"
                 result = v1.run_child(argv, label, script=__file__)
@@ -410,6 +447,7 @@ def machine_info(args, runs, started: dt.datetime, load_at_start) -> list[tuple[
         ("sam2", v1._version("sam2")),
         ("threads", threads),
         ("paddle settings", "paddle_sam.tune_process() called first, as the paddle-sam CLI does"),
+        ("paddle runtime", RUNTIME_NOTES[args.runtime]),
         (
             "settings",
             f"SAM 2.1 {', '.join(f'hiera_{m}' for m in args.models)}, random weights; "
@@ -478,6 +516,7 @@ def parent_main(args) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_sam2_") as tmp:
         print(f"writing the video and the weights to {tmp}", file=sys.stderr, flush=True)
         argv = ["--worker", "prepare", "--checkpoint", tmp, "--frames", str(args.frames)]
+        argv += ["--runtime", args.runtime]
         argv += ["--models", ",".join(args.models)]
         inputs = v1.run_child(argv, "video + weights", script=__file__)
         runs = collect(args, inputs)
@@ -533,6 +572,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for each")
     p.add_argument("--rounds", type=v1.positive, default=2, help="interleaved runs per framework")
+    p.add_argument(
+        "--runtime",
+        choices=tuple(RUNTIME_NOTES),
+        default="dynamic",
+        help="paddle-sam's side: the dynamic model (default), or its export with the image "
+        "encoder on OpenVINO in fp32 or bf16",
+    )
     p.add_argument("--csv", default=None, help="CSV path (a .md is written next to it)")
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--model", choices=tuple(MODELS), help=argparse.SUPPRESS)
@@ -544,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker == "prepare":
-        inputs = prepare(Path(args.checkpoint), args.models, args.frames)
+        inputs = prepare(Path(args.checkpoint), args.models, args.frames, args.runtime)
         print(v1.RESULT_PREFIX + json.dumps(inputs), flush=True)
     elif args.worker:
         worker_main(args)

@@ -104,7 +104,7 @@ def sam_v1_source(args: argparse.Namespace) -> Any:
     if source.family == "sam2":
         raise ValueError(
             f"{source.path} is a SAM 2 model and '{command}' runs SAM v1 (or SAM 3); SAM 2 "
-            "runs in segment, everything, track, serve and label --everything"
+            "runs in segment, everything, track, export, serve and label --everything"
         )
     return source
 
@@ -146,17 +146,18 @@ def add_precision_arg(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",
-        help="with --exported (SAM v1, Paddle Inference): bf16 runs every program on oneDNN's "
-        "bf16 kernels, on CPUs with avx512_bf16 or AMX only (default: %(default)s)",
+        help="with --exported: bf16 runs SAM v1's programs on oneDNN's bf16 kernels (Paddle "
+        "Inference) or SAM 2's image encoder in bf16 (OpenVINO), on CPUs with avx512_bf16 or "
+        "AMX only; approximate (default: %(default)s)",
     )
 
 
 def check_precision(args: argparse.Namespace) -> None:
-    """--precision bf16 is for the Paddle Inference runtime of SAM v1 (--exported)."""
+    """--precision bf16 is for an export's runtime (--exported: SAM v1, SAM 2)."""
     if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "exported", None) is None:
         raise ValueError(
-            "--precision bf16 runs an exported SAM v1 (--exported DIR from 'paddle-sam "
-            "export'); the dynamic model computes in fp32"
+            "--precision bf16 runs an exported SAM v1 or SAM 2 (--exported DIR from "
+            "'paddle-sam export'); the dynamic model computes in fp32"
         )
 
 

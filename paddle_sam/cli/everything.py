@@ -44,8 +44,8 @@ def cmd_everything(args: argparse.Namespace) -> int:
 
     check_one_source(args)
     check_precision(args)
-    kind = "sam_v1" if args.exported is not None else family(args)
-    if args.exported is not None:
+    kind = family(args)  # an export folder's too
+    if args.exported is not None and kind != "sam2":
         model = exported_predictor(args.exported, precision=args.precision)
         if not hasattr(model, "predict_point_grid"):
             raise ValueError(
@@ -60,7 +60,13 @@ def cmd_everything(args: argparse.Namespace) -> int:
         from ..loading import load_model as load
         from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
 
-        model = load(source_of(args, "sam2"), model_type=args.model_type)
+        source = source_of(args, "sam2")
+        if source.exported:  # the image encoder on OpenVINO
+            from ..loading import load_image_predictor
+
+            model = load_image_predictor(source, precision=args.precision).model
+        else:
+            model = load(source, model_type=args.model_type)
         generator: Any = SAM2AutomaticMaskGenerator(
             model, output_mode="binary_mask", progress=not args.quiet, **options
         )
@@ -112,7 +118,7 @@ def generator_options(
     with its result."""
     from ..loading import BUNDLED_GENERATOR, generator_defaults_for, is_bundled
 
-    source = None if getattr(args, "exported", None) else source_of(args, kind, notice=False)
+    source = source_of(args, kind, notice=False)  # a checkpoint or an export folder
     defaults = generator_defaults_for(source)
     options = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in defaults}
     lowered = [k for k in BUNDLED_GENERATOR if getattr(args, k) is None]

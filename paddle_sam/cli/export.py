@@ -1,4 +1,5 @@
-"""``paddle-sam export``: PIR static programs (or ONNX) for SAM v1 and SAM 3."""
+"""``paddle-sam export``: PIR static programs (or ONNX) for SAM v1 and SAM 3; SAM 2's image
+encoder to ONNX for OpenVINO."""
 
 from __future__ import annotations
 
@@ -58,7 +59,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise FileExistsError(
             f"{args.output} already holds an export ({MANIFEST}); pass --overwrite to replace it"
         ) from exc
-    if family(args) == "sam3":
+    fam = family(args)
+    if fam == "sam2":
+        return _export_sam2(args)
+    args.format = args.format or "pir"
+    if fam == "sam3":
         return _export_sam3(args)
     if args.fused_attention is not None:
         raise ValueError("--fused-attention applies to SAM 3 exports only")
@@ -117,22 +122,59 @@ def _export_sam3(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_sam2(args: argparse.Namespace) -> int:
+    """``export`` of a SAM 2 checkpoint: the image encoder to ONNX (for OpenVINO), the other
+    weights beside it."""
+    from ..export.sam2 import export_sam2
+    from ..loading import load_model as load
+
+    if args.format not in (None, "onnx"):
+        raise ValueError(
+            "SAM 2 exports its image encoder to ONNX, which OpenVINO runs (--format onnx, the "
+            "default for SAM 2)"
+        )
+    given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
+    if args.fused_attention is not None:
+        given.append("--fused-attention")
+    if given:
+        raise ValueError(f"{', '.join(given)}: for SAM v1 / SAM 3 exports only")
+    source = source_of(args, "sam2")
+    model = load(source, model_type=args.model_type)
+    meta = source.meta
+    t = time.perf_counter()
+    export_sam2(
+        model,
+        args.output,
+        model_type=source.model_type or meta.get("model_type"),
+        source_sha256=(meta.get("source") or {}).get("sha256"),
+        overwrite=args.overwrite,
+    )
+    print(
+        f"exported (onnx) -> {Path(args.output)}/ (image_encoder.onnx, model.pdparams, "
+        f"export.json) in {time.perf_counter() - t:.1f}s; run it with --exported "
+        f"{Path(args.output)} (the openvino extra)"
+    )
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``export``."""
     x = sub.add_parser(
         "export",
         help="export to PIR static programs for Paddle Inference (SAM v1: image encoder and "
-        "prompt decoder; SAM 3: backbone, text encoder and prompt decoder) or, for SAM v1, "
-        "to ONNX with the official decoder interface",
+        "prompt decoder; SAM 3: backbone, text encoder and prompt decoder), to ONNX (SAM v1, "
+        "with the official decoder interface) or, for SAM 2, its image encoder to ONNX for "
+        "OpenVINO",
     )
     x.add_argument("-o", "--output", required=True, help="output folder")
     x.add_argument(
         "--format",
         choices=["pir", "onnx"],
-        default="pir",
-        help="pir: Paddle Inference programs (default); onnx: image_encoder.onnx and "
-        "prompt_decoder.onnx via paddle2onnx (the onnx extra), the decoder with the official "
-        "SAM ONNX interface",
+        default=None,
+        help="pir: Paddle Inference programs (the default for SAM v1 and SAM 3); onnx: SAM "
+        "v1's image_encoder.onnx and prompt_decoder.onnx via paddle2onnx (the onnx extra), the "
+        "decoder with the official SAM ONNX interface; SAM 2's image_encoder.onnx for OpenVINO "
+        "(its only format)",
     )
     x.add_argument("--overwrite", action="store_true")
     x.add_argument(
@@ -182,5 +224,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also write image_encoder.quant.onnx and prompt_decoder.quant.onnx, dynamically "
         "quantised by onnxruntime (uint8 weights), as the official script's --quantize-out",
     )
-    add_model_args(x, families=("sam_v1", "sam3"))
+    add_model_args(x, families=("sam_v1", "sam2", "sam3"))
     x.set_defaults(func=cmd_export)

@@ -77,8 +77,6 @@ def cmd_segment(args: argparse.Namespace) -> int:
         raise ValueError(
             "give at least one --point X,Y[,LABEL], a --box X0,Y0,X1,Y1 or a --mask-input"
         )
-    if kind == "sam2" and args.exported is not None:
-        raise ValueError("SAM 2 runs from --checkpoint only (there is no SAM 2 export)")
     mask_input = _mask_input(args.mask_input)
     image = read_image(args.image, args.command)
     check_prompts(args.point, args.box, image)
@@ -93,13 +91,11 @@ def cmd_segment(args: argparse.Namespace) -> int:
 
     if kind == "sam3":
         predictor = image_predictor(args, "sam3", bpe=args.bpe, clicks=True)
-    elif kind == "sam2":
-        predictor = image_predictor(args, "sam2")
-    elif args.exported is not None:
+    elif args.exported is not None:  # SAM v1 or SAM 2
         check_one_source(args)
         predictor = exported_predictor(args.exported, precision=args.precision)
     else:
-        predictor = image_predictor(args, "sam_v1")
+        predictor = image_predictor(args, kind)
     if multimask and getattr(predictor, "return_single_mask", False):
         if args.multimask:
             raise ValueError(

@@ -312,13 +312,13 @@ def _sam2_models(
     and video tracking (SAM 2's weights are one model)."""
     from ..loading import image_predictor_of_video, load_image_predictor, load_video_predictor
 
-    if args.exported is not None:
-        raise ValueError("SAM 2 is served from --checkpoint only (there is no SAM 2 export)")
-    source = source_of(args, "sam2")
+    check_one_source(args)
+    source = source_of(args, "sam2")  # a checkpoint, or an export (image encoder on OpenVINO)
+    options = {"model_type": args.model_type, "precision": args.precision}
     if args.no_video:
         why = "the video mode is off on this server (paddle-sam serve --no-video)"
-        return load_image_predictor(source, model_type=args.model_type), None, why, source
-    video = load_video_predictor(source, model_type=args.model_type)
+        return load_image_predictor(source, **options), None, why, source
+    video = load_video_predictor(source, **options)
     return image_predictor_of_video(video), video, None, source
 
 

@@ -138,6 +138,24 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict]:
     before any video is read when it cannot track."""
     from ..loading import sniff
 
+    exported = getattr(args, "exported", None)
+    if exported is not None:
+        if args.checkpoint is not None:
+            raise ValueError("give either --checkpoint or --exported, not both")
+        if not Path(exported).is_dir():
+            raise FileNotFoundError(f"export folder not found: {exported}")
+        source = sniff(exported)
+        if not (source.exported and source.family == "sam2"):
+            raise ValueError(
+                f"--exported {exported}: tracking runs on a SAM 2 export ('paddle-sam export' "
+                f"of a SAM 2 checkpoint); this is {source.describe()}"
+            )
+        return source, source.meta
+    if getattr(args, "precision", "fp32") != "fp32":
+        raise ValueError(
+            f"--precision {args.precision} runs a SAM 2 export (--exported DIR); the dynamic "
+            "model computes in fp32"
+        )
     if args.checkpoint is None:
         raise ValueError(
             "--checkpoint is required: SAM 2 (sam2.1_hiera_tiny.pt or a .pdparams converted "
@@ -326,7 +344,7 @@ def _track_sam2(args, checkpoint: Any, prompts: list, out: Path) -> int:
     initial = [p for p in prompts if p[0] != "correct"]
     corrections = [p for p in prompts if p[0] == "correct"]
     t0 = time.perf_counter()
-    tracker = load_video_predictor(checkpoint, kind="tracker")
+    tracker = load_video_predictor(checkpoint, kind="tracker", precision=args.precision)
     t_load = time.perf_counter() - t0
     frames = open_video(args.video, image_size=tracker.image_size)
     h, w = frames.height, frames.width
@@ -542,6 +560,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="SAM 2 (sam2.1_hiera_*.pt or a .pdparams converted from it) or SAM 3 (.pdparams, "
         "or the released sam3.pt)",
+    )
+    s.add_argument(
+        "--exported",
+        default=None,
+        metavar="DIR",
+        help="a SAM 2 export folder ('paddle-sam export'): its image encoder runs on OpenVINO "
+        "(the openvino extra), the rest on the dynamic model",
+    )
+    s.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="with --exported: the image encoder in bf16, on CPUs with avx512_bf16 or AMX "
+        "only; approximate (default: %(default)s)",
     )
     s.add_argument("-o", "--output", required=True, help="output folder")
     s.add_argument(

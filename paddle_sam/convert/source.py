@@ -33,7 +33,7 @@ PARTS = ("image", "clicks", "text", "video")
 EXPORT_MANIFEST = "export.json"
 
 #: runtimes: the dynamic model, or an export folder's
-RUNTIMES = ("dynamic", "paddle-inference", "onnxruntime")
+RUNTIMES = ("dynamic", "paddle-inference", "onnxruntime", "openvino")
 
 _FAMILY_NAMES = {"sam_v1": "SAM v1", "sam2": "SAM 2", "sam3": "SAM 3"}
 _PART_NAMES = {
@@ -229,6 +229,9 @@ def _sniff_export(path: Path) -> Source:
     if family not in FAMILIES:
         # the runtime's own manifest check names what is wrong
         return Source(path, "export", None, "paddle-inference", meta=meta)
+    if family == "sam2":  # the image encoder on OpenVINO, the rest the dynamic model
+        model_type = meta.get("model_type")
+        return Source(path, "export", family, "openvino", _SAM2_PARTS, model_type, meta)
     runtime = "onnxruntime" if kind == "onnx" else "paddle-inference"
     parts = _SAM_V1_PARTS if family == "sam_v1" else frozenset({"image", "text"})
     model_type = meta.get("model_type") if family == "sam_v1" else "sam3"

@@ -131,6 +131,19 @@ def _sam2_model(source: Source, options: dict) -> Any:
     return load_sam2(source.path, model_type=_sam2_model_type(options))
 
 
+def _sam2_export(source: Source, options: dict, video: bool = False) -> Any:
+    """The SAM 2 model of an export folder (image encoder on OpenVINO); ``--model-type``, when
+    given, must be the size it was exported from."""
+    from .sam2 import load_sam2_export
+
+    model_type = _sam2_model_type(options)
+    if model_type is not None and source.model_type not in (None, model_type):
+        raise SourceRefused(
+            f"--model-type {model_type}: {source.path} is an export of {source.model_type}"
+        )
+    return load_sam2_export(source.path, video=video, precision=options.get("precision", "fp32"))
+
+
 def _sam2_model_type(options: dict) -> str | None:
     """``--model-type`` where it names a SAM 2 size (the checkpoint's sizes must match)."""
     model_type = options.get("model_type")
@@ -160,7 +173,10 @@ def _sam2_video(source: Source, options: dict) -> Any:
     from ..predict.sam2.video_requests import Sam2VideoRequests
     from .sam2 import load_sam2_video_predictor
 
-    tracker = load_sam2_video_predictor(source.path, model_type=_sam2_model_type(options))
+    if source.exported:
+        tracker = _sam2_export(source, options, video=True)
+    else:
+        tracker = load_sam2_video_predictor(source.path, model_type=_sam2_model_type(options))
     return tracker if options.get("kind", "requests") == "tracker" else Sam2VideoRequests(tracker)
 
 
@@ -249,15 +265,21 @@ def _paddle_inference_sam3(source: Source, options: dict) -> Any:
     return Sam3Predictor(processor=processor)
 
 
+def _openvino_sam2(source: Source, options: dict) -> Any:
+    return _sam2_predictor(_sam2_export(source, options), options)
+
+
 #: (family, runtime) -> the predictor over an export folder; ``precision`` beyond fp32 only
 #: where listed in :data:`PRECISIONS`
 RUNTIMES: dict[tuple[str, str], Callable[[Source, dict], Any]] = {
     ("sam_v1", "paddle-inference"): _paddle_inference_sam_v1,
     ("sam_v1", "onnxruntime"): _onnxruntime_sam_v1,
     ("sam3", "paddle-inference"): _paddle_inference_sam3,
+    ("sam2", "openvino"): _openvino_sam2,
 }
 PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sam_v1", "paddle-inference"): ("fp32", "bf16"),
+    ("sam2", "openvino"): ("fp32", "bf16"),
 }
 
 
@@ -422,16 +444,15 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
         fam = _family(source)
         key = (fam.name, source.runtime)
         if precision not in PRECISIONS.get(key, ("fp32",)):
-            what = "SAM 3" if fam.name == "sam3" else "ONNX"
             raise ValueError(
-                f"--precision {precision}: only SAM v1 exports on Paddle Inference run in "
-                f"{precision}; {source.path} is {what}"
+                f"--precision {precision}: {source.path} is {source.describe()}, which runs "
+                f"in fp32 only (bf16: SAM v1 on Paddle Inference, SAM 2 on OpenVINO)"
             )
         return RUNTIMES[key](source, options)
     if precision != "fp32":
         raise ValueError(
-            f"--precision {precision} runs an exported SAM v1 (--exported DIR from 'paddle-sam "
-            "export'); the dynamic model computes in fp32"
+            f"--precision {precision} runs an exported SAM v1 or SAM 2 (--exported DIR from "
+            "'paddle-sam export'); the dynamic model computes in fp32"
         )
     fam = _family(source)
     clicks = options.get("clicks")
@@ -448,10 +469,11 @@ def video_refusal(source: Source) -> str | None:
             f"{source.path} is {source.describe()}: video needs SAM 2, or SAM 3 with its "
             "video tracker"
         )
-    if source.exported:
+    if source.exported and source.family != "sam2":
         return (
-            f"{source.path} is an export folder: video runs on the dynamic model (pass the "
-            "released sam3.pt or a .pdparams converted from it)"
+            f"{source.path} is an export folder of {source.describe()}: video runs on the "
+            "dynamic SAM 3 (the released sam3.pt or a .pdparams converted from it) or on SAM 2 "
+            "(a checkpoint or its export)"
         )
     if source.layout == "hf":
         return (

@@ -21,6 +21,7 @@ from ..convert.core import (
     CheckpointMismatchError,
     declared_parameters,
     load_state_strict,
+    read_pdparams,
     read_sidecar,
     sidecar_family,
     sidecar_path,
@@ -31,6 +32,9 @@ from ..models.sam2.build_sam import SAM2_CONFIGS, SAM2_SPECS, Sam2Spec, build_sa
 from ..models.sam2.sam2_base import SAM2Base
 from ..predict.sam2.predictor import SAM2ImagePredictor
 from ..predict.sam2.video_predictor import SAM2VideoPredictor
+
+#: the video predictor's settings with upstream's ``apply_postprocessing``
+VIDEO_POSTPROCESSING = {"binarize_mask_from_pts_for_mem_enc": True, "fill_hole_area": 8}
 
 
 def sam2_spec_of(config: str | os.PathLike | Sam2Spec) -> tuple[str, Sam2Spec]:
@@ -120,9 +124,7 @@ def build_sam2_video_predictor(
     nothing here; ``kwargs`` go to the predictor (``non_overlap_masks``, ``fill_hole_area``,
     ``clear_non_cond_mem_around_input``, ``add_all_frames_to_correct_as_cond``)."""
     del vos_optimized
-    extra = {}
-    if apply_postprocessing:
-        extra = {"binarize_mask_from_pts_for_mem_enc": True, "fill_hole_area": 8}
+    extra = dict(VIDEO_POSTPROCESSING) if apply_postprocessing else {}
     return build_sam2(
         config_file,
         ckpt_path,
@@ -215,6 +217,44 @@ def load_sam2_video_predictor(
     return build_sam2_video_predictor(_config(checkpoint, model_type), checkpoint, **kwargs)
 
 
+def load_sam2_export(
+    export_dir: str | os.PathLike,
+    video: bool = False,
+    precision: str = "fp32",
+    threads: int | None = None,
+    **kwargs: Any,
+) -> SAM2Base:
+    """SAM 2 from a ``paddle-sam export`` folder: the image encoder on OpenVINO
+    (:class:`~paddle_sam.deploy.sam2.OpenVinoImageEncoder`; ``precision`` fp32 or bf16,
+    ``threads``), every other weight strictly loaded from its ``model.pdparams``. ``video``:
+    a :class:`SAM2VideoPredictor` with upstream's post-processing (``kwargs`` go to it), else
+    the image model."""
+    from ..deploy.sam2 import OpenVinoImageEncoder, read_sam2_manifest
+    from ..export.sam2 import ENCODER, WEIGHTS
+
+    folder = Path(export_dir)
+    manifest = read_sam2_manifest(folder)
+    try:
+        spec = Sam2Spec.from_dict(manifest["spec"])
+        levels = manifest["levels"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{folder / 'export.json'}: no valid spec and levels ({exc})") from None
+    model_cls = SAM2VideoPredictor if video else SAM2Base
+    extra = {**VIDEO_POSTPROCESSING, **kwargs} if video else kwargs
+    with declared_parameters(True):
+        model = build_sam2_model(spec, model_cls=model_cls, **extra)
+    model.image_encoder = OpenVinoImageEncoder(
+        folder / manifest["programs"][ENCODER][0],
+        model.image_encoder.neck.position_encoding,
+        levels,
+        precision=precision,
+        threads=threads,
+    )
+    weights = folder / WEIGHTS
+    load_state_strict(model, read_pdparams(weights), where=f"{weights}: ")
+    return model
+
+
 def load_sam2_predictor(checkpoint: str | os.PathLike, **kwargs: Any) -> SAM2ImagePredictor:
     """:func:`load_sam2` wrapped in a :class:`SAM2ImagePredictor` (``kwargs`` go to it)."""
     return SAM2ImagePredictor(load_sam2(checkpoint), **kwargs)
@@ -226,6 +266,7 @@ __all__ = [
     "build_sam2_video_predictor",
     "checkpoint_spec",
     "load_sam2",
+    "load_sam2_export",
     "load_sam2_predictor",
     "load_sam2_video_predictor",
     "load_sam2_weights",

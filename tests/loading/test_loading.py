@@ -130,7 +130,7 @@ def test_export_folders_by_their_manifest(tmp_path):
     assert (onnx.family, onnx.runtime, onnx.model_type) == ("sam_v1", "onnxruntime", "vit_b")
     with pytest.raises(SourceRefused, match="export folder"):
         loading.load_model(sam3)
-    with pytest.raises(ValueError, match="only SAM v1 exports on Paddle Inference"):
+    with pytest.raises(ValueError, match="runs in fp32 only"):
         loading.load_image_predictor(onnx, precision="bf16")
     assert "export folder" in loading.video_refusal(sam3)
     unknown = sniff(folder("other", {"format": "someone-else/model"}))

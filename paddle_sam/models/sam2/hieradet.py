@@ -28,8 +28,13 @@ def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor,
     b, h, w, c = x.shape
     pad_h = (window_size - h % window_size) % window_size
     pad_w = (window_size - w % window_size) % window_size
-    if pad_h > 0 or pad_w > 0:
+    if (pad_h > 0 or pad_w > 0) and paddle.in_dynamic_mode():
         x = F.pad(x, [0, pad_w, 0, pad_h], data_format="NHWC")  # W, then H
+    elif pad_h > 0 or pad_w > 0:  # oneDNN under a PIR program fails on an NHWC pad
+        if pad_h > 0:
+            x = paddle.concat([x, paddle.zeros([b, pad_h, w, c], x.dtype)], axis=1)
+        if pad_w > 0:
+            x = paddle.concat([x, paddle.zeros([b, h + pad_h, pad_w, c], x.dtype)], axis=2)
     hp, wp = h + pad_h, w + pad_w
     x = x.reshape([b, hp // window_size, window_size, wp // window_size, window_size, c])
     windows = x.transpose([0, 1, 3, 2, 4, 5]).reshape([-1, window_size, window_size, c])
@@ -287,7 +292,8 @@ class Hiera(nn.Layer):
         h, w = hw
         pos_embed = F.interpolate(self.pos_embed, size=[h, w], mode="bicubic", align_corners=False)
         window = self.pos_embed_window
-        reps = [a // b for a, b in zip(pos_embed.shape, window.shape, strict=True)]
+        # by index, not zip: a traced program (export) takes zip(strict=) as unknown
+        reps = [pos_embed.shape[i] // window.shape[i] for i in range(4)]
         pos_embed = pos_embed + window.tile(reps)
         return pos_embed.transpose([0, 2, 3, 1])
 

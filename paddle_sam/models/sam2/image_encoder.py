@@ -87,9 +87,12 @@ class FpnNeck(nn.Layer):
             if i in self.fpn_top_down_levels and prev is not None:
                 mode = self.fpn_interp_model
                 extra = {} if mode == "nearest" else {"align_corners": False}
-                top_down = F.interpolate(
-                    prev.astype("float32"), scale_factor=2.0, mode=mode, **extra
-                )
+                if mode == "nearest" and not paddle.in_dynamic_mode():
+                    top_down = _nearest_2x(prev.astype("float32"))
+                else:
+                    top_down = F.interpolate(
+                        prev.astype("float32"), scale_factor=2.0, mode=mode, **extra
+                    )
                 prev = lateral + top_down
                 if self.fuse_type == "avg":
                     prev = prev / 2
@@ -98,3 +101,12 @@ class FpnNeck(nn.Layer):
             out[i] = prev
             pos[i] = self.position_encoding(prev).astype(prev.dtype)
         return out, pos
+
+
+def _nearest_2x(x: paddle.Tensor) -> paddle.Tensor:
+    """Nearest 2x upsampling of ``B x C x H x W`` as a broadcast and a reshape: the same values
+    as ``F.interpolate(scale_factor=2, mode="nearest")``, in ops oneDNN runs under a PIR program
+    (its resize takes no array attribute in Paddle 3.3)."""
+    b, c, h, w = x.shape
+    x = x.reshape([b, c, h, 1, w, 1]).expand([b, c, h, 2, w, 2])
+    return x.reshape([b, c, h * 2, w * 2])

@@ -1,0 +1,112 @@
+"""SAM 2's exported image encoder on OpenVINO (the ``openvino`` extra), in the model's place.
+
+:class:`OpenVinoImageEncoder` takes the place of ``SAM2Base.image_encoder``: it answers the same
+call with the same dict (``vision_features``, ``vision_pos_enc``, ``backbone_fpn``), so the image
+predictor, the video predictor and everything above them run unchanged on a model whose image
+encoder is ``paddle-sam export``'s ``image_encoder.onnx`` (:mod:`paddle_sam.export.sam2`).
+
+Why OpenVINO: measured on the CPUs this project runs on (docs/performance.md), it runs the
+Hiera encoder faster than Paddle's dygraph kernels and than Paddle Inference with oneDNN, and
+on CPUs with ``avx512_bf16`` or AMX it computes in bf16 at about half the fp32 time. The fp32
+path agrees with the dynamic model to about 1e-5; bf16 is approximate (its cost is measured).
+OpenVINO picks bf16 by itself on such CPUs, so the precision is always set explicitly here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle import nn
+
+from .._runtime import bf16_refusal, get_num_threads
+from ..export.sam2 import ENCODER, EXPORT_FORMAT, FORMAT_VERSION
+from .sam_v1 import read_manifest
+
+#: precision -> OpenVINO's INFERENCE_PRECISION_HINT
+PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+
+
+def read_sam2_manifest(export_dir: str | os.PathLike) -> dict:
+    """``export.json`` of a SAM 2 export folder, every file it lists checked."""
+    return read_manifest(
+        export_dir, EXPORT_FORMAT, version=FORMAT_VERSION, programs=(ENCODER, "weights")
+    )
+
+
+def _openvino() -> Any:
+    try:
+        import openvino
+    except ImportError as exc:
+        raise ImportError(
+            "a SAM 2 export runs on OpenVINO, which is not installed: "
+            "pip install 'paddle-sam[openvino]'"
+        ) from exc
+    return openvino
+
+
+class OpenVinoImageEncoder(nn.Layer):
+    """``image_encoder`` of a SAM 2 model, computed by OpenVINO from ``image_encoder.onnx``.
+
+    ``position_encoding``: the neck's (no weights; it depends on the levels' shapes only).
+    ``precision``: ``fp32`` or ``bf16`` (CPUs with avx512_bf16 or AMX only, detected here).
+    ``threads``: OpenVINO's inference threads (default: the process's Paddle thread count).
+    """
+
+    def __init__(
+        self,
+        onnx_path: str | os.PathLike,
+        position_encoding: nn.Layer,
+        levels: list[list[int]],
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        if precision == "bf16" and (why := bf16_refusal()) is not None:
+            raise ValueError(why)
+        ov = _openvino()
+        threads = int(threads or get_num_threads() or os.cpu_count() or 1)
+        config = {
+            "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
+            "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY",
+        }
+        self.onnx_path = Path(onnx_path)
+        self.precision = precision
+        self.levels = [list(map(int, level)) for level in levels]
+        self.position_encoding = position_encoding
+        self._compiled = ov.Core().compile_model(str(self.onnx_path), "CPU", config)
+        if len(self._compiled.outputs) != len(self.levels):
+            raise ValueError(
+                f"{self.onnx_path}: {len(self._compiled.outputs)} outputs, the manifest lists "
+                f"{len(self.levels)} levels"
+            )
+        self._request = self._compiled.create_infer_request()
+        self._lock = threading.Lock()  # one infer request: one call at a time
+
+    def forward(self, sample: paddle.Tensor) -> dict[str, Any]:
+        images = np.ascontiguousarray(sample.numpy(), dtype=np.float32)
+        per_image = []
+        with self._lock:  # the program takes one image: a batch runs image by image
+            for i in range(images.shape[0]):
+                results = self._request.infer({0: images[i : i + 1]})
+                per_image.append([np.array(results[out]) for out in self._compiled.outputs])
+        fpn = [
+            paddle.to_tensor(np.concatenate(level, axis=0))
+            for level in zip(*per_image, strict=True)
+        ]
+        for got, (d, h, w) in zip(fpn, self.levels, strict=True):
+            if list(got.shape[1:]) != [d, h, w]:
+                raise ValueError(
+                    f"{self.onnx_path} returned a level of shape {list(got.shape)}, the "
+                    f"manifest says B x {d} x {h} x {w}"
+                )
+        pos = [self.position_encoding(f).astype(f.dtype) for f in fpn]
+        return {"vision_features": fpn[-1], "vision_pos_enc": pos, "backbone_fpn": fpn}

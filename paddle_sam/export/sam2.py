@@ -1,0 +1,128 @@
+"""Export SAM 2's image encoder to ONNX for OpenVINO, with the rest of the model's weights.
+
+The image encoder (Hiera trunk and FPN neck, about nine tenths of a ``set_image`` and half of
+a tracked frame) is the part a CPU runtime speeds up; the prompt encoder, the mask decoder and
+the memory modules stay the dynamic model's (they are a few percent of the time, and the video
+tracker's control flow is Python). So an export folder holds:
+
+- ``image_encoder.onnx``: normalised image ``1 x 3 x S x S`` -> the kept FPN levels
+  ``backbone_fpn_i`` (finest first, ``1 x 256 x h_i x w_i``; a batch runs image by image),
+  what ``ImageEncoder`` returns as ``backbone_fpn`` before the decoder's ``conv_s0`` /
+  ``conv_s1``; written from the PIR program by paddle2onnx (the ``onnx`` extra);
+- ``model.pdparams``: every other weight, Paddle layout, strictly loaded by the runtime;
+- ``export.json``: the format, the sizes (``spec``) and the level shapes.
+
+The trunk's position embedding (a bicubic resize of a parameter, fixed for the image size) is
+stored in the program as a constant; the neck's nearest upsampling and the windows' padding are
+written in plain ops in a traced program (``models/sam2``), so the program has no resize and
+runs under oneDNN too (Paddle 3.3's oneDNN under PIR refuses both ops).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import paddle
+from paddle import nn
+from paddle.static import InputSpec
+
+from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
+from ..models.sam2.sam2_base import SAM2Base
+from .sam_v1 import MANIFEST, check_outputs, write_manifest
+
+EXPORT_FORMAT = "paddle-sam/sam2-onnx"
+FORMAT_VERSION = 1
+ENCODER = "image_encoder"
+WEIGHTS = "model.pdparams"
+#: the ONNX opset of the encoder (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
+OPSET = 17
+
+
+def level_shapes(model: SAM2Base) -> list[list[int]]:
+    """``[d, h, w]`` of each FPN level the image encoder keeps, finest first."""
+    encoder = model.image_encoder
+    d = int(encoder.neck.d_model)
+    side = int(model.image_size) // 4  # the trunk's first stage: stride 4
+    levels = len(encoder.neck.backbone_channel_list) - encoder.scalp
+    return [[d, side >> i, side >> i] for i in range(levels)]
+
+
+class ImageEncoder(nn.Layer):
+    """Normalised image -> the kept FPN levels (``image_encoder(x)["backbone_fpn"]``), the
+    trunk's position embedding a stored constant."""
+
+    def __init__(self, model: SAM2Base) -> None:
+        super().__init__()
+        self.encoder = model.image_encoder
+        trunk = self.encoder.trunk
+        side = int(model.image_size) // 4
+        with paddle.no_grad():
+            pos = trunk._get_pos_embed((side, side)).detach()
+        self.register_buffer("trunk_pos_embed", pos)
+
+    def forward(self, image: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
+        trunk = self.encoder.trunk
+        get_pos_embed = trunk._get_pos_embed
+        trunk._get_pos_embed = lambda hw: self.trunk_pos_embed
+        try:
+            return tuple(self.encoder(image)["backbone_fpn"])
+        finally:
+            trunk._get_pos_embed = get_pos_embed
+
+
+def export_sam2(
+    model: SAM2Base,
+    out_dir: str | os.PathLike,
+    *,
+    model_type: str | None = None,
+    source_sha256: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Write ``image_encoder.onnx``, ``model.pdparams`` (+ its sidecar) and ``export.json``
+    into ``out_dir``; returns the manifest. ``model``: a SAM 2 image or video model (the
+    video modules' weights are part of ``model.pdparams`` either way)."""
+    from .onnx import _convert, _paddle2onnx
+
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        raise ValueError("model has no .spec; build it with build_sam2 or load_sam2")
+    p2o = _paddle2onnx()  # a missing extra is named before any work
+    out = Path(out_dir)
+    onnx_name = f"{ENCODER}.onnx"
+    sidecar = sidecar_path(WEIGHTS).name
+    files = [onnx_name, WEIGHTS, sidecar, MANIFEST]
+    check_outputs(out, files, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    size = int(model.image_size)
+    # traced, the attention takes the plain ops (Paddle's fused CPU kernel is a dygraph
+    # choice: ONNX has no such op)
+    layer = ImageEncoder(model)
+    layer.eval()
+    spec_in = [InputSpec([1, 3, size, size], "float32", "image")]
+    with tempfile.TemporaryDirectory(prefix="paddle-sam-sam2-") as tmp:
+        static = paddle.jit.to_static(layer, input_spec=spec_in, full_graph=True)
+        paddle.jit.save(static, str(Path(tmp) / ENCODER))
+        _convert(p2o, Path(tmp), ENCODER, out / onnx_name, OPSET)
+    state = {
+        k: np.asarray(v.numpy(), dtype=np.float32)
+        for k, v in model.state_dict().items()
+        if not k.startswith("image_encoder.")
+    }
+    source = {"sha256": source_sha256, "layout": "export", "without": "image_encoder"}
+    save_pdparams(state, out / WEIGHTS, sidecar_meta("sam2", model_type or "custom", spec, source))
+    return write_manifest(
+        out,
+        EXPORT_FORMAT,
+        {ENCODER: [onnx_name], "weights": [WEIGHTS, sidecar]},
+        format_version=FORMAT_VERSION,
+        model_type=model_type,
+        source_sha256=source_sha256,
+        spec=spec.to_dict(),
+        image_size=size,
+        levels=level_shapes(model),
+        opset=OPSET,
+    )
