@@ -57,16 +57,15 @@ def cmd_everything(args: argparse.Namespace) -> int:
     prepare_out(out, OUTPUTS, args.overwrite)
     options, note = generator_options(args, kind)
     if kind == "sam2":
-        from ..loading import load_model as load
+        from ..loading import load_image_predictor
         from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
 
+        # the predictor's model: a checkpoint's, or an export's (image encoder on OpenVINO)
         source = source_of(args, "sam2")
-        if source.exported:  # the image encoder on OpenVINO
-            from ..loading import load_image_predictor
-
-            model = load_image_predictor(source, precision=args.precision).model
-        else:
-            model = load(source, model_type=args.model_type)
+        predictor = load_image_predictor(
+            source, model_type=args.model_type, precision=args.precision
+        )
+        model = predictor.model
         generator: Any = SAM2AutomaticMaskGenerator(
             model, output_mode="binary_mask", progress=not args.quiet, **options
         )

@@ -73,7 +73,7 @@ class EverythingLabeler:
     SAM 2."""
 
     def __init__(self, spec: LabelSpec) -> None:
-        from ..loading import load_image_predictor, load_model
+        from ..loading import load_image_predictor
         from ..predict.sam_v1.automatic_mask_generator import SamAutomaticMaskGenerator
 
         source = spec.source("sam_v1")
@@ -81,8 +81,10 @@ class EverythingLabeler:
         if source.family == "sam2":
             from ..predict.sam2.automatic_mask_generator import SAM2AutomaticMaskGenerator
 
+            # the predictor's model: a checkpoint's, or an export's (image encoder on OpenVINO)
+            model = load_image_predictor(source, model_type=spec.model_type).model
             self.generator: Any = SAM2AutomaticMaskGenerator(
-                load_model(source, model_type=spec.model_type),
+                model,
                 output_mode="binary_mask",
                 **options,
             )

@@ -213,8 +213,9 @@ def test_cli_export_segment_and_track(work, ckpt, image, video, capsys):
 
 
 def test_everything_and_serve_from_the_export(exported, ckpt, image, work):
-    """``everything --exported`` writes the generator's masks of the dynamic model; ``serve
-    --exported`` serves the image page (a click) and the video mode from the export."""
+    """``everything --exported`` and ``label --everything --exported`` write the generator's
+    masks of the dynamic model; ``serve --exported`` serves the image page (a click) and the
+    video mode from the export."""
     import uvicorn
     from fastapi.testclient import TestClient
     from PIL import Image
@@ -233,6 +234,14 @@ def test_everything_and_serve_from_the_export(exported, ckpt, image, work):
     ).generate(image)
     coco = json.loads((out / "annotations.json").read_text())
     assert len(coco["annotations"]) == len([r for r in want if r["area"] > 0]) >= 1
+    folder = work / "label_images"
+    folder.mkdir()
+    Image.fromarray(image).save(folder / "a.png")
+    labels = work / "labels"
+    argv = ["label", folder, "-o", labels, "--exported", exported, "--quiet", "--everything"]
+    assert run([*argv, *options, "--num-workers", "1"]) == 0
+    doc = json.loads((labels / "annotations.json").read_text())
+    assert len(doc["annotations"]) == len(coco["annotations"])
 
     started: dict = {}
     with pytest.MonkeyPatch.context() as mp:
