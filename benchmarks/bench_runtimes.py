@@ -165,32 +165,21 @@ def write_paddle_side(model: str, work: Path, wanted: Sequence[str]) -> dict:
 
 
 def constants_to_initializers(src: Path, dst: Path, external: bool) -> int:
-    """paddle2onnx 2.1.0 writes every weight as a ``Constant`` node (behind ``Identity``
-    nodes), which ONNX Runtime's quantiser does not see as weights: it leaves them fp32. Move
-    each Constant's tensor into the initializers (under the Constant's output name), then run
-    onnxruntime's quantisation pre-processing (shape inference, graph optimisation: the
-    Identity chains and weight transposes fold away). Returns the number moved."""
+    """The export's own move of paddle2onnx's Constant weights into the initializers
+    (``paddle_sam.export.onnx.constants_to_initializers``), then onnxruntime's quantisation
+    pre-processing (shape inference, graph optimisation: the rest of the Identity chains and
+    the weight transposes fold away). Returns the number moved."""
     import onnx
-    from onnx import numpy_helper
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    from paddle_sam.export.onnx import constants_to_initializers as move
+
     m = onnx.load(str(src))
-    g = m.graph
-    keep, moved = [], 0
-    for node in g.node:
-        value = next((a for a in node.attribute if a.name == "value"), None)
-        if node.op_type == "Constant" and value is not None and len(node.attribute) == 1:
-            arr = numpy_helper.to_array(value.t)
-            g.initializer.append(numpy_helper.from_array(arr, node.output[0]))
-            moved += 1
-        else:
-            keep.append(node)
-    del g.node[:]
-    g.node.extend(keep)
+    moved = move(m.graph)
     mid = dst.with_suffix(".init.onnx")
     data = {"all_tensors_to_one_file": True}
     onnx.save(m, str(mid), save_as_external_data=external, location=mid.name + ".data", **data)
-    del m, g, keep
+    del m
     quant_pre_process(
         str(mid),
         str(dst),

@@ -280,15 +280,53 @@ def _name_dims(values, names: dict[str, dict[int, str]]) -> None:
             dim.dim_param = dim_name
 
 
+def constants_to_initializers(graph) -> int:
+    """paddle2onnx 2.1.0 writes every weight as a ``Constant`` node, often behind an
+    ``Identity``: tools that look for weights among the initializers (onnxruntime's quantiser
+    above all, which then leaves every MatMul and Conv in fp32) do not see them. Each such
+    tensor becomes an initializer under the Constant's output name, and an ``Identity`` of an
+    initializer is bypassed (its consumers read the initializer). The same values; returns the
+    number of tensors moved."""
+    from onnx import numpy_helper
+
+    keep, moved = [], 0
+    for node in graph.node:
+        value = next((a for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and value is not None and len(node.attribute) == 1:
+            graph.initializer.append(
+                numpy_helper.from_array(numpy_helper.to_array(value.t), node.output[0])
+            )
+            moved += 1
+        else:
+            keep.append(node)
+    weights = {t.name for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    alias = {
+        n.output[0]: n.input[0]
+        for n in keep
+        if n.op_type == "Identity" and n.input[0] in weights and n.output[0] not in outputs
+    }
+    nodes = [n for n in keep if not (n.op_type == "Identity" and n.output and n.output[0] in alias)]
+    for n in nodes:
+        for i, name in enumerate(n.input):
+            if name in alias:
+                n.input[i] = alias[name]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return moved
+
+
 def _finish_graph(
     path: Path, prog: str, outputs: tuple[str, ...], dims: dict[str, dict[int, str]]
 ) -> None:
     """Name the graph outputs ``outputs`` (paddle2onnx numbers them) and the dynamic axes
-    ``dims``, check the model and save it back to ``path``."""
+    ``dims``, put the weights among the initializers (:func:`constants_to_initializers`),
+    check the model and save it back to ``path``."""
     import onnx
 
     model = onnx.load(str(path))
     graph = model.graph
+    constants_to_initializers(graph)
     got = [o.name for o in graph.output]
     if len(got) != len(outputs):
         raise RuntimeError(

@@ -73,6 +73,18 @@ class ImageEncoder(nn.Layer):
             trunk._get_pos_embed = get_pos_embed
 
 
+def _weights_as_initializers(path: Path) -> None:
+    """The file's weights as initializers, where tools look for them (quantisers)."""
+    import onnx
+
+    from .onnx import constants_to_initializers
+
+    model = onnx.load(str(path))
+    constants_to_initializers(model.graph)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 def export_sam2(
     model: SAM2Base,
     out_dir: str | os.PathLike,
@@ -107,6 +119,7 @@ def export_sam2(
         static = paddle.jit.to_static(layer, input_spec=spec_in, full_graph=True)
         paddle.jit.save(static, str(Path(tmp) / ENCODER))
         _convert(p2o, Path(tmp), ENCODER, out / onnx_name, OPSET)
+    _weights_as_initializers(out / onnx_name)
     state = {
         k: np.asarray(v.numpy(), dtype=np.float32)
         for k, v in model.state_dict().items()

@@ -216,8 +216,20 @@ def _iou(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def test_int8_variant(exported, pair):
-    """The int8 files load and run; their masks agree with fp32's (figures printed)."""
+    """The int8 files hold int8 weights (integer GEMMs and convolutions, a smaller file: the
+    weights are initializers the quantiser sees, not paddle2onnx's Constant nodes), load and
+    run; their masks agree with fp32's (figures printed)."""
+    import onnx
+
     op, _ = pair
+    d = exported[0]
+    for prog in ("image_encoder", "prompt_decoder"):
+        ops = {n.op_type for n in onnx.load(str(d / f"{prog}.quant.onnx")).graph.node}
+        assert {"MatMulInteger", "ConvInteger"} <= ops, (prog, sorted(ops))
+        fp32 = onnx.load(str(d / f"{prog}.onnx")).graph
+        assert not any(n.op_type == "Constant" for n in fp32.node)
+    encoder = (d / "image_encoder.quant.onnx").stat().st_size
+    assert encoder < 0.6 * (d / "image_encoder.onnx").stat().st_size
     q = OnnxSamPredictor(exported[0], threads=2, quantized=True)
     img = image(H, W, seed=6)
     q.set_image(img)
@@ -233,6 +245,7 @@ def test_int8_variant(exported, pair):
         a, b = op.predict(**prompt), q.predict(**prompt)
         ious += [_iou(x, y) for x, y in zip(a[0], b[0], strict=True)]
         score_err.append(float(np.abs(a[1] - b[1]).max()))
+    assert cosine > 0.99, cosine
     print(
         f"\nint8 vs fp32 (tiny random model, {len(ious)} masks): embedding cosine {cosine:.5f}, "
         f"mask IoU mean {np.mean(ious):.4f} min {np.min(ious):.4f}, "
