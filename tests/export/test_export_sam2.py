@@ -260,3 +260,19 @@ def test_everything_and_serve_from_the_export(exported, ckpt, image, work):
         _, scores, _ = dynamic.predict([[30, 25]], [1])
         got = [m["score"] for m in r.json()["masks"]]
         np.testing.assert_allclose(got, scores, atol=1e-4)
+
+
+def test_without_openvino_the_extra_is_named(exported, image, work, capsys, monkeypatch):
+    """OpenVINO missing (an import that fails, as without the extra): one line naming the
+    extra to install, from the library and from the CLI."""
+    import sys
+
+    from PIL import Image
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    with pytest.raises(ImportError, match=r"paddle-sam\[openvino\]"):
+        load_sam2_export(exported)
+    png = work / "image_no_ov.png"
+    Image.fromarray(image).save(png)
+    argv = ["segment", png, "--exported", exported, "-o", work / "no_ov", "--point", "30,25"]
+    assert_user_error(capsys, argv, "paddle-sam[openvino]")
