@@ -141,14 +141,14 @@ def family(args: argparse.Namespace) -> str:
 
 
 def add_precision_arg(parser: argparse.ArgumentParser) -> None:
-    """--precision for the SAM v1 Paddle Inference runtime (--exported)."""
+    """--precision for an export's runtime (--exported)."""
     parser.add_argument(
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",
         help="with --exported: bf16 runs SAM v1's programs on oneDNN's bf16 kernels (Paddle "
-        "Inference) or SAM 2's image encoder in bf16 (OpenVINO), on CPUs with avx512_bf16 or "
-        "AMX only; approximate (default: %(default)s)",
+        "Inference), or the image encoder of a SAM v1 ONNX or SAM 2 export in bf16 on OpenVINO; "
+        "CPUs with avx512_bf16 or AMX only; approximate (default: %(default)s)",
     )
 
 

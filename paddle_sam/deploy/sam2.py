@@ -23,12 +23,9 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from .._runtime import bf16_refusal, get_num_threads
 from ..export.sam2 import ENCODER, EXPORT_FORMAT, FORMAT_VERSION
+from .openvino import compile_onnx
 from .sam_v1 import read_manifest
-
-#: precision -> OpenVINO's INFERENCE_PRECISION_HINT
-PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
 
 
 def read_sam2_manifest(export_dir: str | os.PathLike) -> dict:
@@ -36,17 +33,6 @@ def read_sam2_manifest(export_dir: str | os.PathLike) -> dict:
     return read_manifest(
         export_dir, EXPORT_FORMAT, version=FORMAT_VERSION, programs=(ENCODER, "weights")
     )
-
-
-def _openvino() -> Any:
-    try:
-        import openvino
-    except ImportError as exc:
-        raise ImportError(
-            "a SAM 2 export runs on OpenVINO, which is not installed: "
-            "pip install 'paddle-sam[openvino]'"
-        ) from exc
-    return openvino
 
 
 class OpenVinoImageEncoder(nn.Layer):
@@ -67,22 +53,11 @@ class OpenVinoImageEncoder(nn.Layer):
         threads: int | None = None,
     ) -> None:
         super().__init__()
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-        if precision == "bf16" and (why := bf16_refusal()) is not None:
-            raise ValueError(why)
-        ov = _openvino()
-        threads = int(threads or get_num_threads() or os.cpu_count() or 1)
-        config = {
-            "INFERENCE_PRECISION_HINT": PRECISIONS[precision],
-            "INFERENCE_NUM_THREADS": threads,
-            "PERFORMANCE_HINT": "LATENCY",
-        }
         self.onnx_path = Path(onnx_path)
         self.precision = precision
         self.levels = [list(map(int, level)) for level in levels]
         self.position_encoding = position_encoding
-        self._compiled = ov.Core().compile_model(str(self.onnx_path), "CPU", config)
+        self._compiled = compile_onnx(self.onnx_path, precision, threads)
         if len(self._compiled.outputs) != len(self.levels):
             raise ValueError(
                 f"{self.onnx_path}: {len(self._compiled.outputs)} outputs, the manifest lists "

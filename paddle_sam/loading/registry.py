@@ -248,8 +248,11 @@ def _paddle_inference_sam_v1(source: Source, options: dict) -> Any:
 
 
 def _onnxruntime_sam_v1(source: Source, options: dict) -> Any:
+    """onnxruntime; ``precision`` bf16: the encoder on OpenVINO in bf16."""
     from ..deploy.onnx import OnnxSamPredictor
 
+    if options.get("precision", "fp32") == "bf16":
+        return OnnxSamPredictor(source.path, encoder_runtime="openvino", precision="bf16")
     return OnnxSamPredictor(source.path)
 
 
@@ -279,6 +282,7 @@ RUNTIMES: dict[tuple[str, str], Callable[[Source, dict], Any]] = {
 }
 PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sam_v1", "paddle-inference"): ("fp32", "bf16"),
+    ("sam_v1", "onnxruntime"): ("fp32", "bf16"),  # bf16: the encoder on OpenVINO
     ("sam2", "openvino"): ("fp32", "bf16"),
 }
 
@@ -446,7 +450,7 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
         if precision not in PRECISIONS.get(key, ("fp32",)):
             raise ValueError(
                 f"--precision {precision}: {source.path} is {source.describe()}, which runs "
-                f"in fp32 only (bf16: SAM v1 on Paddle Inference, SAM 2 on OpenVINO)"
+                f"in fp32 only (bf16: SAM v1 and SAM 2 exports)"
             )
         return RUNTIMES[key](source, options)
     if precision != "fp32":

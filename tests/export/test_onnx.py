@@ -360,3 +360,39 @@ def test_cli_onnx_options(checkpoint, tmp_path, capsys):
         assert cli.main([*base, *bad, "-o", str(tmp_path / "bad")]) == 2
         assert says in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_encoder_on_openvino(exported, pair):
+    """``encoder_runtime="openvino"``: the same embedding as onnxruntime's (fp32) and the same
+    answers; bf16 where the CPU has it (not the fp32 answer, close to it), refused elsewhere;
+    the CLI's ``--precision bf16`` on an ONNX folder takes this path."""
+    pytest.importorskip("openvino")
+    from paddle_sam import loading
+    from paddle_sam._runtime import bf16_refusal
+
+    op, _ = pair
+    d = exported[0]
+    ov = OnnxSamPredictor(d, threads=2, encoder_runtime="openvino")
+    assert "image_encoder" not in ov._sessions
+    img = image(H, W, seed=6)
+    ov.set_image(img)
+    emb = op.get_image_embedding()
+    np.testing.assert_allclose(ov.get_image_embedding(), emb, rtol=0, atol=1e-4)
+    prompt = {"point_coords": np.array([[60.0, 40.0]]), "point_labels": np.array([1])}
+    a, b = op.predict(**prompt), ov.predict(**prompt)
+    np.testing.assert_allclose(b[1], a[1], atol=1e-4)
+    with pytest.raises(ValueError, match="onnxruntime computes in fp32"):
+        OnnxSamPredictor(d, precision="bf16")
+    with pytest.raises(ValueError, match="encoder_runtime must be"):
+        OnnxSamPredictor(d, encoder_runtime="tvm")
+    source = loading.resolve(exported=d)
+    if bf16_refusal() is not None:
+        with pytest.raises(ValueError, match="bf16"):
+            loading.load_image_predictor(source, precision="bf16")
+        return
+    bf16 = loading.load_image_predictor(source, precision="bf16")
+    assert (bf16.encoder_runtime, bf16.precision) == ("openvino", "bf16")
+    bf16.set_image(img)
+    got = bf16.get_image_embedding()
+    cosine = float((emb * got).sum() / np.linalg.norm(emb) / np.linalg.norm(got))
+    assert np.abs(got - emb).max() > 0 and cosine > 0.99, cosine

@@ -131,7 +131,7 @@ def test_export_folders_by_their_manifest(tmp_path):
     with pytest.raises(SourceRefused, match="export folder"):
         loading.load_model(sam3)
     with pytest.raises(ValueError, match="runs in fp32 only"):
-        loading.load_image_predictor(onnx, precision="bf16")
+        loading.load_image_predictor(sam3, precision="bf16")
     assert "export folder" in loading.video_refusal(sam3)
     unknown = sniff(folder("other", {"format": "someone-else/model"}))
     assert unknown.family is None
