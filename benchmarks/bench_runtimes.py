@@ -365,11 +365,16 @@ def calibrate_ort(src: Path, work: Path, external: bool) -> tuple[list[str], Pat
 
 
 def write_ov_side(model: str, work: Path, wanted: Sequence[str]) -> dict:
-    """NNCF's int8 variants of the ONNX file (OpenVINO IR), in the Python that has them."""
-    import nncf
+    """NNCF's int8 variants of the ONNX file (OpenVINO IR), in the Python that has them (NNCF
+    is needed only when such a variant is wanted)."""
     import openvino as ov
 
-    info: dict[str, Any] = {"openvino": ov.__version__, "nncf": nncf.__version__}
+    info: dict[str, Any] = {"openvino": ov.__version__}
+    if not any(cand in wanted for cand in OV_INT8):
+        return info
+    import nncf
+
+    info["nncf"] = nncf.__version__
     core = ov.Core()
     for cand, name in OV_INT8.items():
         if cand not in wanted or (work / name).is_file():
