@@ -144,11 +144,12 @@ def add_precision_arg(parser: argparse.ArgumentParser) -> None:
     """--precision for an export's runtime (--exported)."""
     parser.add_argument(
         "--precision",
-        choices=("fp32", "bf16"),
+        choices=("fp32", "bf16", "int8"),
         default="fp32",
         help="with --exported: bf16 runs SAM v1's programs on oneDNN's bf16 kernels (Paddle "
         "Inference), or the image encoder of a SAM v1 ONNX or SAM 2 export in bf16 on OpenVINO; "
-        "CPUs with avx512_bf16 or AMX only; approximate (default: %(default)s)",
+        "CPUs with avx512_bf16 or AMX only; int8 runs a SAM v1 ONNX export's int8 files "
+        "(exported with --quantize int8); both approximate (default: %(default)s)",
     )
 
 
@@ -156,8 +157,8 @@ def check_precision(args: argparse.Namespace) -> None:
     """--precision bf16 is for an export's runtime (--exported: SAM v1, SAM 2)."""
     if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "exported", None) is None:
         raise ValueError(
-            "--precision bf16 runs an exported SAM v1 or SAM 2 (--exported DIR from "
-            "'paddle-sam export'); the dynamic model computes in fp32"
+            f"--precision {args.precision} runs an exported SAM v1 or SAM 2 (--exported DIR "
+            "from 'paddle-sam export'); the dynamic model computes in fp32"
         )
 
 

@@ -248,12 +248,14 @@ def _paddle_inference_sam_v1(source: Source, options: dict) -> Any:
 
 
 def _onnxruntime_sam_v1(source: Source, options: dict) -> Any:
-    """onnxruntime; ``precision`` bf16: the encoder on OpenVINO in bf16."""
+    """onnxruntime; ``precision`` bf16: the encoder on OpenVINO in bf16; int8: the export's
+    int8 files (``--quantize int8``)."""
     from ..deploy.onnx import OnnxSamPredictor
 
-    if options.get("precision", "fp32") == "bf16":
+    precision = options.get("precision", "fp32")
+    if precision == "bf16":
         return OnnxSamPredictor(source.path, encoder_runtime="openvino", precision="bf16")
-    return OnnxSamPredictor(source.path)
+    return OnnxSamPredictor(source.path, quantized=precision == "int8")
 
 
 def _paddle_inference_sam3(source: Source, options: dict) -> Any:
@@ -282,7 +284,8 @@ RUNTIMES: dict[tuple[str, str], Callable[[Source, dict], Any]] = {
 }
 PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sam_v1", "paddle-inference"): ("fp32", "bf16"),
-    ("sam_v1", "onnxruntime"): ("fp32", "bf16"),  # bf16: the encoder on OpenVINO
+    # bf16: the encoder on OpenVINO; int8: the files of --quantize int8
+    ("sam_v1", "onnxruntime"): ("fp32", "bf16", "int8"),
     ("sam2", "openvino"): ("fp32", "bf16"),
 }
 
@@ -450,7 +453,7 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
         if precision not in PRECISIONS.get(key, ("fp32",)):
             raise ValueError(
                 f"--precision {precision}: {source.path} is {source.describe()}, which runs "
-                f"in fp32 only (bf16: SAM v1 and SAM 2 exports)"
+                f"in fp32 only (bf16: SAM v1 and SAM 2 exports; int8: SAM v1 ONNX exports)"
             )
         return RUNTIMES[key](source, options)
     if precision != "fp32":

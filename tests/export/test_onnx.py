@@ -396,3 +396,31 @@ def test_encoder_on_openvino(exported, pair):
     got = bf16.get_image_embedding()
     cosine = float((emb * got).sum() / np.linalg.norm(emb) / np.linalg.norm(got))
     assert np.abs(got - emb).max() > 0 and cosine > 0.99, cosine
+
+
+def test_cli_precision_int8_runs_the_int8_files(exported, tmp_path, capsys):
+    """``segment --exported DIR --precision int8`` answers with the int8 files (what
+    ``OnnxSamPredictor(quantized=True)`` answers); an export without them is refused by
+    name, and so is int8 on a runtime that has none."""
+    from PIL import Image
+
+    from paddle_sam import cli
+
+    d = exported[0]
+    img = image(H, W, seed=2)
+    Image.fromarray(img).save(tmp_path / "img.png")
+    common = ["segment", str(tmp_path / "img.png"), "--point", "50,60", "--exported"]
+    assert cli.main([*common, str(d), "--precision", "int8", "-o", str(tmp_path / "q")]) == 0
+    q = OnnxSamPredictor(d, quantized=True)
+    q.set_image(img)
+    _, scores, _ = q.predict(np.array([[50, 60]]), np.array([1]))
+    result = json.loads((tmp_path / "q" / "result.json").read_text())
+    np.testing.assert_allclose(result["scores"], scores, atol=1e-6)
+    fp32 = OnnxSamPredictor(d)
+    fp32.set_image(img)
+    assert not np.allclose(fp32.predict(np.array([[50, 60]]), np.array([1]))[1], scores)
+    plain = tmp_path / "plain"
+    export_onnx(build_sam(TINY), plain)  # no --quantize int8
+    capsys.readouterr()
+    assert cli.main([*common, str(plain), "--precision", "int8", "-o", str(tmp_path / "r")]) == 2
+    assert "--quantize int8" in capsys.readouterr().err
