@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import parse_floats, positive, prepare_out
+from .common import check_precision, parse_floats, positive, prepare_out
 
 OUTPUTS = ("results.json", "overlay.mp4", "masks")
 
@@ -136,26 +136,17 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict]:
     """The sniffed --checkpoint (:func:`paddle_sam.loading.sniff`) and its sidecar; refused
     before any video is read when it cannot track."""
-    from ..loading import sniff
+    from ..loading import resolve, sniff
 
-    exported = getattr(args, "exported", None)
-    if exported is not None:
-        if args.checkpoint is not None:
-            raise ValueError("give either --checkpoint or --exported, not both")
-        if not Path(exported).is_dir():
-            raise FileNotFoundError(f"export folder not found: {exported}")
-        source = sniff(exported)
+    check_precision(args)
+    if args.exported is not None:
+        source = resolve(args.checkpoint, args.exported)  # both given, or no folder: refused
         if not (source.exported and source.family == "sam2"):
             raise ValueError(
-                f"--exported {exported}: tracking runs on a SAM 2 export ('paddle-sam export' "
-                f"of a SAM 2 checkpoint); this is {source.describe()}"
+                f"--exported {args.exported}: tracking runs on a SAM 2 export ('paddle-sam "
+                f"export' of a SAM 2 checkpoint); this is {source.describe()}"
             )
         return source, source.meta
-    if getattr(args, "precision", "fp32") != "fp32":
-        raise ValueError(
-            f"--precision {args.precision} runs a SAM 2 export (--exported DIR); the dynamic "
-            "model computes in fp32"
-        )
     if args.checkpoint is None:
         raise ValueError(
             "--checkpoint is required: SAM 2 (sam2.1_hiera_tiny.pt or a .pdparams converted "

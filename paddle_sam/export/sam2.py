@@ -73,18 +73,6 @@ class ImageEncoder(nn.Layer):
             trunk._get_pos_embed = get_pos_embed
 
 
-def _weights_as_initializers(path: Path) -> None:
-    """The file's weights as initializers, where tools look for them (quantisers)."""
-    import onnx
-
-    from .onnx import constants_to_initializers
-
-    model = onnx.load(str(path))
-    constants_to_initializers(model.graph)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-
-
 def export_sam2(
     model: SAM2Base,
     out_dir: str | os.PathLike,
@@ -96,7 +84,7 @@ def export_sam2(
     """Write ``image_encoder.onnx``, ``model.pdparams`` (+ its sidecar) and ``export.json``
     into ``out_dir``; returns the manifest. ``model``: a SAM 2 image or video model (the
     video modules' weights are part of ``model.pdparams`` either way)."""
-    from .onnx import _convert, _paddle2onnx
+    from .onnx import _convert, _finish_graph, _paddle2onnx
 
     spec = getattr(model, "spec", None)
     if spec is None:
@@ -119,7 +107,10 @@ def export_sam2(
         static = paddle.jit.to_static(layer, input_spec=spec_in, full_graph=True)
         paddle.jit.save(static, str(Path(tmp) / ENCODER))
         _convert(p2o, Path(tmp), ENCODER, out / onnx_name, OPSET)
-    _weights_as_initializers(out / onnx_name)
+    # the outputs named backbone_fpn_i, the weights as initializers (where quantisers look)
+    levels = level_shapes(model)
+    names = tuple(f"backbone_fpn_{i}" for i in range(len(levels)))
+    _finish_graph(out / onnx_name, ENCODER, names, {})
     state = {
         k: np.asarray(v.numpy(), dtype=np.float32)
         for k, v in model.state_dict().items()
@@ -136,6 +127,6 @@ def export_sam2(
         source_sha256=source_sha256,
         spec=spec.to_dict(),
         image_size=size,
-        levels=level_shapes(model),
+        levels=levels,
         opset=OPSET,
     )

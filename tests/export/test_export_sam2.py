@@ -67,8 +67,13 @@ def test_the_folder_holds_the_encoder_and_the_other_weights(exported):
     source = loading.resolve(exported=exported)
     assert (source.family, source.runtime, source.exported) == ("sam2", "openvino", True)
     assert {"image", "clicks", "video"} <= source.parts
+    import onnx
+
     from paddle_sam.convert.core import read_pdparams
 
+    graph = onnx.load(str(exported / "image_encoder.onnx")).graph
+    assert [o.name for o in graph.output] == ["backbone_fpn_0", "backbone_fpn_1", "backbone_fpn_2"]
+    assert not any(n.op_type == "Constant" for n in graph.node)  # weights are initializers
     keys = set(read_pdparams(exported / "model.pdparams"))
     assert keys and not any(k.startswith("image_encoder.") for k in keys)
     assert "sam_mask_decoder.conv_s0.weight" in keys and "memory_encoder.pix_feat_proj.weight" in (
