@@ -109,15 +109,17 @@ def _rope_pair(**kw):
     return ref, ours
 
 
+@pytest.mark.parametrize("heads", [1, 2])
 @pytest.mark.parametrize(
     ("n_side", "n_mem", "n_ptr"), [(4, 1, 0), (4, 3, 0), (4, 3, 4), (6, 2, 3), (4, 0, 4)]
 )
-def test_rope_cross_attention(n_side, n_mem, n_ptr):
+def test_rope_cross_attention(n_side, n_mem, n_ptr, heads):
     """Keys: ``n_mem`` grids of the query size (RoPE repeated), then ``n_ptr`` pointer tokens
-    without RoPE; ``n_side`` 6 makes both sides recompute their tables (built for 4 x 4)."""
+    without RoPE; ``n_side`` 6 makes both sides recompute their tables (built for 4 x 4).
+    One head (the released trackers') projects the values after the attention."""
     kw = dict(
         embedding_dim=32,
-        num_heads=2,
+        num_heads=heads,
         downsample_rate=1,
         dropout=0.1,
         kv_in_dim=16,
@@ -134,6 +136,34 @@ def test_rope_cross_attention(n_side, n_mem, n_ptr):
         r = ref(q, k, v, num_k_exclude_rope=n_ptr)
     o = ours(t2p(q), t2p(k), t2p(v), num_k_exclude_rope=n_ptr)
     assert_close(r, o, max_abs=_scaled_max_abs(r), name="rope cross-attention")
+
+
+def _v_proj_rows(layer) -> list[int]:
+    rows: list[int] = []
+    layer.v_proj.register_forward_pre_hook(lambda _m, args: rows.append(int(args[0].shape[-2])))
+    return rows
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_values_projected_after_attention(training):
+    """One head, keys narrower than the attention: ``v_proj`` runs on the attended rows (one
+    per query) in inference, the same values as projecting every memory first; with dropout
+    on the weights (training) every memory is projected first, as upstream."""
+    kw = dict(embedding_dim=32, num_heads=1, dropout=0.1, kv_in_dim=8, feat_sizes=[4, 4])
+    ours = PA.RoPEAttention(rope_k_repeat=True, **kw)
+    plain = PA.RoPEAttention(rope_k_repeat=True, **kw)
+    plain.set_state_dict(ours.state_dict())
+    plain._fold_values = lambda *a: False
+    q, k, v = (paddle.randn(s) for s in ([2, 16, 32], [2, 3 * 16 + 2, 8], [2, 3 * 16 + 2, 8]))
+    rows = _v_proj_rows(ours)
+    ours.train(training)
+    plain.train(training)
+    paddle.seed(3)
+    o = ours(q, k, v, num_k_exclude_rope=2)
+    paddle.seed(3)
+    p = plain(q, k, v, num_k_exclude_rope=2)
+    assert rows == [50 if training else 16]
+    np.testing.assert_allclose(o.numpy(), p.numpy(), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("fused", [False, True])
