@@ -108,7 +108,11 @@ class Attention(nn.Layer):
         n_k = k.shape[2]
         dropout = self.training and self.dropout_p > 0
         scale = 1.0 / math.sqrt(d)
-        if v_proj is None and not dropout and use_fused_attention(self.fused_attention, q, n_q, n_k):
+        if (
+            v_proj is None
+            and not dropout
+            and use_fused_attention(self.fused_attention, q, n_q, n_k)
+        ):
             qkv = paddle.stack([t.transpose([0, 2, 1, 3]) for t in (q, k, v)], axis=2)
             out = fused_self_attention(qkv, scale).reshape([b, n_q, h * d])
             return self.out_proj(out)
