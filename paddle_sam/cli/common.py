@@ -154,11 +154,11 @@ def add_precision_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def check_precision(args: argparse.Namespace) -> None:
-    """--precision bf16 is for an export's runtime (--exported: SAM v1, SAM 2)."""
+    """--precision bf16 / int8 is for an export's runtime (--exported)."""
     if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "exported", None) is None:
         raise ValueError(
-            f"--precision {args.precision} runs an exported SAM v1 or SAM 2 (--exported DIR "
-            "from 'paddle-sam export'); the dynamic model computes in fp32"
+            f"--precision {args.precision} runs an export (--exported DIR from 'paddle-sam "
+            "export'); the dynamic model computes in fp32"
         )
 
 

@@ -1,5 +1,5 @@
 """``paddle-sam export``: PIR static programs (or ONNX) for SAM v1 and SAM 3; SAM 2's image
-encoder to ONNX for OpenVINO."""
+encoder and (``--format onnx``) SAM 3's vision backbone to ONNX for OpenVINO."""
 
 from __future__ import annotations
 
@@ -97,21 +97,43 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_sam3(args: argparse.Namespace) -> int:
-    """``export`` of a SAM 3 checkpoint: backbone, text encoder and prompt decoder."""
-    from ..export.sam3 import export_sam3
+    """``export`` of a SAM 3 checkpoint: PIR programs (backbone, text encoder and prompt
+    decoder) or, with ``--format onnx``, the vision backbone to ONNX for OpenVINO with the
+    other weights beside it (the tracker's too: clicks and video run on the export)."""
+    from ..export.sam3 import export_sam3, export_sam3_onnx
     from ..loading import load_model as load
 
-    if args.format != "pir":
-        raise ValueError("SAM 3 exports to PIR programs only (--format pir)")
-    _check_onnx_options(args)
+    if args.format == "onnx":
+        given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
+        if args.fused_attention is not None:
+            given.append("--fused-attention")
+        if given:
+            raise ValueError(f"{', '.join(given)}: for SAM v1 ONNX / SAM 3 PIR exports only")
+    else:
+        _check_onnx_options(args)
     source = source_of(args, "sam3")
-    model = load(source)
+    # ONNX: with the second neck where the checkpoint has the tracker (clicks, video)
+    model = load(source, clicks=args.format == "onnx" and "clicks" in source.parts)
     meta = source.meta
+    sha = (meta.get("source") or {}).get("sha256")
     t = time.perf_counter()
+    if args.format == "onnx":
+        from ..convert.checkpoint import read_sam3_weights
+
+        state = read_sam3_weights(source.path)  # the tracker's weights too
+        export_sam3_onnx(
+            model, args.output, state=state, source_sha256=sha, overwrite=args.overwrite
+        )
+        print(
+            f"exported (onnx) -> {Path(args.output)}/ (vision_backbone.onnx + .data, "
+            f"model.pdparams, export.json) in {time.perf_counter() - t:.1f}s; run it with "
+            f"--exported {Path(args.output)} (the openvino extra)"
+        )
+        return 0
     export_sam3(
         model,
         args.output,
-        source_sha256=(meta.get("source") or {}).get("sha256"),
+        source_sha256=sha,
         overwrite=args.overwrite,
         fused_attention=args.fused_attention,
     )
@@ -173,8 +195,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="pir: Paddle Inference programs (the default for SAM v1 and SAM 3); onnx: SAM "
         "v1's image_encoder.onnx and prompt_decoder.onnx via paddle2onnx (the onnx extra), the "
-        "decoder with the official SAM ONNX interface; SAM 2's image_encoder.onnx for OpenVINO "
-        "(its only format)",
+        "decoder with the official SAM ONNX interface; SAM 3's vision_backbone.onnx for "
+        "OpenVINO (the rest runs on Paddle); SAM 2's image_encoder.onnx for OpenVINO (its "
+        "only format)",
     )
     x.add_argument("--overwrite", action="store_true")
     x.add_argument(

@@ -136,16 +136,14 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict]:
     """The sniffed --checkpoint (:func:`paddle_sam.loading.sniff`) and its sidecar; refused
     before any video is read when it cannot track."""
-    from ..loading import resolve, sniff
+    from ..loading import resolve, sniff, video_refusal
 
     check_precision(args)
     if args.exported is not None:
         source = resolve(args.checkpoint, args.exported)  # both given, or no folder: refused
-        if not (source.exported and source.family == "sam2"):
-            raise ValueError(
-                f"--exported {args.exported}: tracking runs on a SAM 2 export ('paddle-sam "
-                f"export' of a SAM 2 checkpoint); this is {source.describe()}"
-            )
+        why = video_refusal(source)
+        if why is not None:
+            raise ValueError(f"--exported {args.exported}: {why}")
         return source, source.meta
     if args.checkpoint is None:
         raise ValueError(
@@ -274,7 +272,7 @@ def _track_clicks(args, checkpoint: Any, frames: Any, prompts: list, out: Path) 
     from ..loading import load_video_predictor
 
     t0 = time.perf_counter()
-    tracker = load_video_predictor(checkpoint, kind="tracker")
+    tracker = load_video_predictor(checkpoint, kind="tracker", precision=args.precision)
     t_load = time.perf_counter() - t0
     state = tracker.init_state(video_path=frames)
     for (obj_id, frame), g in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -424,7 +422,7 @@ def _track_concept(args, checkpoint: Any, frames: Any, text: str, prompts: list,
     from ..loading import load_video_predictor
 
     t0 = time.perf_counter()
-    predictor = load_video_predictor(checkpoint)
+    predictor = load_video_predictor(checkpoint, precision=args.precision)
     t_load = time.perf_counter() - t0
     session = predictor.handle_request({"type": "start_session", "resource_path": frames})
     sid = session["session_id"]
@@ -556,14 +554,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--exported",
         default=None,
         metavar="DIR",
-        help="a SAM 2 export folder ('paddle-sam export'): its image encoder runs on OpenVINO "
-        "(the openvino extra), the rest on the dynamic model",
+        help="an OpenVINO export folder (the openvino extra): SAM 2's ('paddle-sam export'), "
+        "its image encoder on OpenVINO, or SAM 3's with its tracker ('paddle-sam export "
+        "--format onnx'), its vision backbone on OpenVINO; the rest on the dynamic model",
     )
     s.add_argument(
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",
-        help="with --exported: the image encoder in bf16, on CPUs with avx512_bf16 or AMX "
+        help="with --exported: the exported encoder in bf16, on CPUs with avx512_bf16 or AMX "
         "only; approximate (default: %(default)s)",
     )
     s.add_argument("-o", "--output", required=True, help="output folder")

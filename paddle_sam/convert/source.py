@@ -232,6 +232,15 @@ def _sniff_export(path: Path) -> Source:
     if family == "sam2":  # the image encoder on OpenVINO, the rest the dynamic model
         model_type = meta.get("model_type")
         return Source(path, "export", family, "openvino", _SAM2_PARTS, model_type, meta)
+    if family == "sam3" and kind == "onnx":  # the vision backbone on OpenVINO
+        weights = path / "model.pdparams"
+        try:
+            keys: Any = pdparams_shapes(weights)
+        except Exception:  # noqa: BLE001 - the runtime's manifest check names the file
+            keys = ()
+        clicks = None if (read_sidecar(weights) or {}).get("interactive", True) else False
+        parts = _sam3_parts(keys, clicks=clicks)
+        return Source(path, "export", family, "openvino", parts, "sam3", meta)
     runtime = "onnxruntime" if kind == "onnx" else "paddle-inference"
     parts = _SAM_V1_PARTS if family == "sam_v1" else frozenset({"image", "text"})
     model_type = meta.get("model_type") if family == "sam_v1" else "sam3"

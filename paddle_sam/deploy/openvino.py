@@ -9,8 +9,11 @@ which is refused by name on a CPU without it.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .._runtime import bf16_refusal, get_num_threads
 
@@ -51,3 +54,49 @@ def compile_onnx(
         "PERFORMANCE_HINT": "LATENCY",
     }
     return ov.Core().compile_model(str(Path(path)), "CPU", config)
+
+
+class OpenVinoProgram:
+    """An exported ONNX file of one image in, fixed-shape arrays out, compiled once and called
+    on a batch image by image (the files take a batch of 1) under a lock (one infer request,
+    shared by the threads of a service).
+
+    ``shapes``: each output's shape without the batch axis, as the export's manifest lists
+    them; a file that answers otherwise is refused by name."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        shapes: list[list[int]],
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.precision = precision
+        self.shapes = [list(map(int, s)) for s in shapes]
+        self.compiled = compile_onnx(self.path, precision, threads)
+        if len(self.compiled.outputs) != len(self.shapes):
+            raise ValueError(
+                f"{self.path}: {len(self.compiled.outputs)} outputs, the manifest lists "
+                f"{len(self.shapes)}"
+            )
+        self._request = self.compiled.create_infer_request()
+        self._lock = threading.Lock()
+
+    def __call__(self, images: np.ndarray) -> list[np.ndarray]:
+        """``B x ...`` float32 images -> the outputs, each ``B x shape``."""
+        images = np.ascontiguousarray(images, dtype=np.float32)
+        per_image = []
+        with self._lock:
+            for i in range(images.shape[0]):
+                results = self._request.infer({0: images[i : i + 1]})
+                per_image.append([np.array(results[out]) for out in self.compiled.outputs])
+        outputs = [np.concatenate(level, axis=0) for level in zip(*per_image, strict=True)]
+        for got, shape in zip(outputs, self.shapes, strict=True):
+            if list(got.shape[1:]) != shape:
+                raise ValueError(
+                    f"{self.path} returned an output of shape {list(got.shape)}, the manifest "
+                    f"says B x {' x '.join(map(str, shape))}"
+                )
+        return outputs

@@ -15,16 +15,13 @@ OpenVINO picks bf16 by itself on such CPUs, so the precision is always set expli
 from __future__ import annotations
 
 import os
-import threading
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import paddle
 from paddle import nn
 
 from ..export.sam2 import ENCODER, EXPORT_FORMAT, FORMAT_VERSION
-from .openvino import compile_onnx
+from .openvino import OpenVinoProgram
 from .sam_v1 import read_manifest
 
 
@@ -53,35 +50,13 @@ class OpenVinoImageEncoder(nn.Layer):
         threads: int | None = None,
     ) -> None:
         super().__init__()
-        self.onnx_path = Path(onnx_path)
+        self.program = OpenVinoProgram(onnx_path, levels, precision=precision, threads=threads)
+        self.onnx_path = self.program.path
         self.precision = precision
-        self.levels = [list(map(int, level)) for level in levels]
+        self.levels = self.program.shapes
         self.position_encoding = position_encoding
-        self._compiled = compile_onnx(self.onnx_path, precision, threads)
-        if len(self._compiled.outputs) != len(self.levels):
-            raise ValueError(
-                f"{self.onnx_path}: {len(self._compiled.outputs)} outputs, the manifest lists "
-                f"{len(self.levels)} levels"
-            )
-        self._request = self._compiled.create_infer_request()
-        self._lock = threading.Lock()  # one infer request: one call at a time
 
     def forward(self, sample: paddle.Tensor) -> dict[str, Any]:
-        images = np.ascontiguousarray(sample.numpy(), dtype=np.float32)
-        per_image = []
-        with self._lock:  # the program takes one image: a batch runs image by image
-            for i in range(images.shape[0]):
-                results = self._request.infer({0: images[i : i + 1]})
-                per_image.append([np.array(results[out]) for out in self._compiled.outputs])
-        fpn = [
-            paddle.to_tensor(np.concatenate(level, axis=0))
-            for level in zip(*per_image, strict=True)
-        ]
-        for got, (d, h, w) in zip(fpn, self.levels, strict=True):
-            if list(got.shape[1:]) != [d, h, w]:
-                raise ValueError(
-                    f"{self.onnx_path} returned a level of shape {list(got.shape)}, the "
-                    f"manifest says B x {d} x {h} x {w}"
-                )
+        fpn = [paddle.to_tensor(level) for level in self.program(sample.numpy())]
         pos = [self.position_encoding(f).astype(f.dtype) for f in fpn]
         return {"vision_features": fpn[-1], "vision_pos_enc": pos, "backbone_fpn": fpn}

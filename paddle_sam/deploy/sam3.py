@@ -22,11 +22,21 @@ from pathlib import Path
 
 import numpy as np
 import paddle
+from paddle import nn
 
-from ..export.sam3 import DECODER_OUTPUTS, EXPORT_FORMAT, FORMAT_VERSION, PROGRAMS
+from ..export.sam3 import (
+    DECODER_OUTPUTS,
+    EXPORT_FORMAT,
+    FORMAT_VERSION,
+    ONNX_FORMAT,
+    ONNX_FORMAT_VERSION,
+    PROGRAMS,
+    VISION,
+)
 from ..models.sam3.model_misc import fused_attention_available
 from ..predict.sam3.processor import Sam3ProcessorBase
 from ..predict.sam3.tokenizer import SimpleTokenizer
+from .openvino import OpenVinoProgram
 from .sam_v1 import create_predictor, inference_options, read_manifest, run_predictor
 
 # oneDNN runs the text encoder only. Measured on Paddle Inference 3.3.1: there it matches
@@ -182,3 +192,49 @@ class StaticSam3Processor(Sam3ProcessorBase):
         for predictor in self._predictors.values():
             predictor.clear_intermediate_tensor()
             predictor.try_shrink_memory()
+
+
+def read_sam3_onnx_manifest(export_dir: str | os.PathLike) -> dict:
+    """``export.json`` of a SAM 3 ONNX export folder (``export --format onnx``), every file it
+    lists checked."""
+    return read_manifest(
+        export_dir, ONNX_FORMAT, version=ONNX_FORMAT_VERSION, programs=(VISION, "weights")
+    )
+
+
+class OpenVinoVisionBackbone(nn.Layer):
+    """``backbone.vision_backbone`` of a SAM 3 model (the ViT trunk and its necks), computed by
+    OpenVINO from ``vision_backbone.onnx``: the same call and the same four lists (detector
+    neck's maps and positions, second neck's or None), so the image model, the interactive
+    predictor and the video model above it run unchanged.
+
+    ``position_encoding``: the neck's (no weights: a function of the maps' shapes).
+    ``levels``: the manifest's ``{"sam3": [[d, h, w], ...], "sam2": [...]}``.
+    ``precision``: ``fp32`` or ``bf16`` (CPUs with avx512_bf16 or AMX, detected here);
+    ``threads``: OpenVINO's inference threads (default: the process's Paddle thread count).
+    """
+
+    def __init__(
+        self,
+        onnx_path: str | os.PathLike,
+        position_encoding: nn.Layer,
+        levels: dict[str, list[list[int]]],
+        *,
+        precision: str = "fp32",
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_sam3 = len(levels["sam3"])
+        shapes = [*levels["sam3"], *levels.get("sam2", [])]
+        self.program = OpenVinoProgram(onnx_path, shapes, precision=precision, threads=threads)
+        self.precision = precision
+        self.has_sam2_neck = len(shapes) > self.num_sam3
+        self.position_encoding = position_encoding
+
+    def forward(self, images: paddle.Tensor) -> tuple:
+        maps = [paddle.to_tensor(m) for m in self.program(images.numpy())]
+        sam3, sam2 = maps[: self.num_sam3], maps[self.num_sam3 :]
+        sam3_pos = [self.position_encoding(f).astype(f.dtype) for f in sam3]
+        if not self.has_sam2_neck:
+            return sam3, sam3_pos, None, None
+        return sam3, sam3_pos, sam2, [self.position_encoding(f).astype(f.dtype) for f in sam2]

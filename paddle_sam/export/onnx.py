@@ -317,11 +317,19 @@ def constants_to_initializers(graph) -> int:
 
 
 def _finish_graph(
-    path: Path, prog: str, outputs: tuple[str, ...], dims: dict[str, dict[int, str]]
+    path: Path,
+    prog: str,
+    outputs: tuple[str, ...],
+    dims: dict[str, dict[int, str]],
+    *,
+    dst: Path | None = None,
+    external: str | None = None,
 ) -> None:
     """Name the graph outputs ``outputs`` (paddle2onnx numbers them) and the dynamic axes
     ``dims``, put the weights among the initializers (:func:`constants_to_initializers`),
-    check the model and save it back to ``path``."""
+    check the model and save it to ``dst`` (default: back to ``path``). ``external``: the
+    weights go to that file beside it (ONNX's external data; a graph over protobuf's 2 GB
+    must)."""
     import onnx
 
     model = onnx.load(str(path))
@@ -346,8 +354,21 @@ def _finish_graph(
     unused = [t for t in graph.initializer if t.name not in used]
     for t in unused:
         graph.initializer.remove(t)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    dst = path if dst is None else dst
+    if external is None:
+        onnx.checker.check_model(model)
+        onnx.save(model, str(dst))
+        return
+    (dst.parent / external).unlink(missing_ok=True)  # onnx appends to an existing one
+    onnx.save(
+        model,
+        str(dst),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=external,
+        size_threshold=0,
+    )
+    onnx.checker.check_model(str(dst))  # by path: the weights are read from the file
 
 
 def _convert(p2o, src: Path, prog: str, dst: Path, opset: int) -> None:

@@ -26,10 +26,12 @@ an export on a GPU or on a CPU without AVX-512, naming the option that exports w
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import paddle
 from paddle import nn
 from paddle.static import InputSpec
@@ -47,6 +49,16 @@ DECODER_OUTPUTS = ("pred_logits", "pred_boxes", "presence_logit_dec", "pred_mask
 # the box fed for "no box": any finite box, masked out (its value never reaches an output)
 PAD_BOX = (0.5, 0.5, 1.0, 1.0)
 FUSED_KERNEL = "self_dp_attention"  # the op name of Paddle's fused CPU attention
+
+# the ONNX export for OpenVINO (export_sam3_onnx): the vision backbone as ONNX, the rest as
+# weights for the dynamic model
+ONNX_FORMAT = "paddle-sam/sam3-onnx"
+ONNX_FORMAT_VERSION = 1
+VISION = "vision_backbone"
+WEIGHTS = "model.pdparams"
+VISION_PREFIX = "backbone.vision_backbone."
+#: the ONNX opset (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
+OPSET = 17
 
 
 def fpn_shapes(model: Sam3Image) -> list[list[int]]:
@@ -68,6 +80,31 @@ class Backbone(nn.Layer):
 
     def forward(self, image: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
         return tuple(self.backbone.forward_image(image)["backbone_fpn"])
+
+
+def vision_levels(model: Sam3Image) -> dict[str, list[list[int]]]:
+    """``[d, h, w]`` of every level the vision backbone computes (all scale factors, before
+    the scalp): ``sam3`` (the detector's neck) and ``sam2`` (the second neck, for clicks and
+    video; empty without it)."""
+    neck = model.backbone.vision_backbone
+    grid = neck.trunk.img_size // neck.trunk.patch_size
+    d = model.hidden_dim
+    levels = [[d, int(grid * s), int(grid * s)] for s in neck.scale_factors]
+    return {"sam3": levels, "sam2": list(levels) if neck.has_sam2_neck else []}
+
+
+class VisionBackbone(nn.Layer):
+    """Image -> the vision backbone's feature maps: the detector neck's levels, then the
+    second neck's (if any); the position encodings (a function of the shapes) are not
+    outputs."""
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.vision_backbone = model.backbone.vision_backbone
+
+    def forward(self, image: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
+        sam3_feats, _, sam2_feats, _ = self.vision_backbone(image)
+        return (*sam3_feats, *(sam2_feats or ()))
 
 
 class TextEncoder(nn.Layer):
@@ -233,4 +270,76 @@ def export_sam3(
         decoder_outputs=list(DECODER_OUTPUTS),
         pad_box=list(PAD_BOX),
         cpu_fused_attention=uses_kernel,
+    )
+
+
+def export_sam3_onnx(
+    model: Sam3Image,
+    out_dir: str | os.PathLike,
+    *,
+    state: dict[str, np.ndarray] | None = None,
+    source_sha256: str | None = None,
+    overwrite: bool = False,
+    spec: Sam3Spec | None = None,
+) -> dict:
+    """Write the vision backbone (ViT trunk and both necks: about four fifths of an image's
+    time) as ``vision_backbone.onnx`` (its weights in ``vision_backbone.onnx.data``, over
+    protobuf's 2 GB at full size), every other weight as ``model.pdparams`` (+ sidecar) and
+    ``export.json``. OpenVINO runs the ONNX file in the dynamic model's place
+    (:func:`paddle_sam.loading.sam3.load_sam3_export`); the text encoder, the heads and the
+    video tracker stay the dynamic model's.
+
+    ``state``: the converted weights to store (default: ``model``'s); pass a whole converted
+    checkpoint to keep its video tracker (``tracker.*``). The vision backbone's keys are
+    left out either way. A model with the second neck (built with clicks) exports it too:
+    clicks and video need it."""
+    from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
+    from .onnx import _convert, _finish_graph, _paddle2onnx
+
+    spec = spec if spec is not None else getattr(model, "spec", None)
+    if spec is None:
+        raise ValueError("model has no .spec; build it with build_sam3_image_model or load_sam3")
+    p2o = _paddle2onnx()  # a missing extra is named before any work
+    out = Path(out_dir)
+    onnx_name = f"{VISION}.onnx"
+    data_name = f"{onnx_name}.data"
+    sidecar = sidecar_path(WEIGHTS).name
+    check_outputs(out, [onnx_name, data_name, WEIGHTS, sidecar, MANIFEST], overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    levels = vision_levels(model)
+    size = int(model.backbone.vision_backbone.trunk.img_size)
+    names = tuple(f"sam3_fpn_{i}" for i in range(len(levels["sam3"])))
+    names += tuple(f"sam2_fpn_{i}" for i in range(len(levels["sam2"])))
+    with tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-") as tmp:
+        # traced with the plain attention: ONNX has no form of Paddle's fused CPU kernel
+        with attention_kernel(model, False):
+            layer = VisionBackbone(model)
+            layer.eval()
+            spec_in = [InputSpec([1, 3, size, size], "float32", "image")]
+            paddle.jit.save(layer, str(Path(tmp) / VISION), input_spec=spec_in)
+        raw = Path(tmp) / onnx_name
+        _convert(p2o, Path(tmp), VISION, raw, OPSET)
+        # the outputs named, the weights as initializers, stored beside the graph
+        _finish_graph(raw, VISION, names, {}, dst=out / onnx_name, external=data_name)
+    if state is None:
+        state = {k: np.asarray(v.numpy(), np.float32) for k, v in model.state_dict().items()}
+    kept = {k: v for k, v in state.items() if not k.startswith(VISION_PREFIX)}
+    interactive = model.inst_interactive_predictor is not None or bool(levels["sam2"])
+    source = {"sha256": source_sha256, "layout": "export", "without": VISION_PREFIX[:-1]}
+    meta = sidecar_meta("sam3", "sam3", spec, source, interactive=interactive)
+    save_pdparams(kept, out / WEIGHTS, meta)
+    text = model.backbone.language_backbone
+    return write_manifest(
+        out,
+        ONNX_FORMAT,
+        {VISION: [onnx_name, data_name], "weights": [WEIGHTS, sidecar]},
+        format_version=ONNX_FORMAT_VERSION,
+        model_type="sam3",
+        source_sha256=source_sha256,
+        spec=spec.to_dict(),
+        image_size=size,
+        context_length=int(text.context_length) if text is not None else None,
+        levels=levels,
+        opset=OPSET,
     )

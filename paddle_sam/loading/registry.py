@@ -115,9 +115,18 @@ def _sam3_is_predictor(obj: Any) -> bool:
 
 
 def _sam3_video(source: Source, options: dict) -> Any:
-    from .sam3 import build_sam3_video_predictor, load_sam3_tracker
+    from .sam3 import build_sam3_video_predictor, load_sam3_export, load_sam3_tracker
 
-    if options.get("kind", "dense") == "tracker":
+    tracker = options.get("kind", "dense") == "tracker"
+    if source.exported:  # the vision backbone on OpenVINO (the only SAM 3 export with video)
+        from ..predict.sam3.video_predictor import Sam3VideoPredictor
+
+        precision = options.get("precision", "fp32")
+        if tracker:
+            return load_sam3_export(source.path, "tracker", precision)
+        model = load_sam3_export(source.path, "video", precision, bpe_path=options.get("bpe"))
+        return Sam3VideoPredictor(model)
+    if tracker:
         return load_sam3_tracker(source.path)
     return build_sam3_video_predictor(checkpoint_path=source.path, bpe_path=options.get("bpe"))
 
@@ -270,6 +279,19 @@ def _paddle_inference_sam3(source: Source, options: dict) -> Any:
     return Sam3Predictor(processor=processor)
 
 
+def _openvino_sam3(source: Source, options: dict) -> Any:
+    from .sam3 import load_sam3_export
+
+    model = load_sam3_export(
+        source.path,
+        "image",
+        options.get("precision", "fp32"),
+        bpe_path=options.get("bpe"),
+        interactive=bool(options.get("clicks")) or None,
+    )
+    return _sam3_predictor(model, options)
+
+
 def _openvino_sam2(source: Source, options: dict) -> Any:
     return _sam2_predictor(_sam2_export(source, options), options)
 
@@ -280,12 +302,14 @@ RUNTIMES: dict[tuple[str, str], Callable[[Source, dict], Any]] = {
     ("sam_v1", "paddle-inference"): _paddle_inference_sam_v1,
     ("sam_v1", "onnxruntime"): _onnxruntime_sam_v1,
     ("sam3", "paddle-inference"): _paddle_inference_sam3,
+    ("sam3", "openvino"): _openvino_sam3,
     ("sam2", "openvino"): _openvino_sam2,
 }
 PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sam_v1", "paddle-inference"): ("fp32", "bf16"),
     # bf16: the encoder on OpenVINO; int8: the files of --quantize int8
     ("sam_v1", "onnxruntime"): ("fp32", "bf16", "int8"),
+    ("sam3", "openvino"): ("fp32", "bf16"),
     ("sam2", "openvino"): ("fp32", "bf16"),
 }
 
@@ -453,12 +477,13 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
         if precision not in PRECISIONS.get(key, ("fp32",)):
             raise ValueError(
                 f"--precision {precision}: {source.path} is {source.describe()}, which runs "
-                f"in fp32 only (bf16: SAM v1 and SAM 2 exports; int8: SAM v1 ONNX exports)"
+                "in fp32 only (bf16: SAM v1, SAM 2 and SAM 3 ONNX exports; int8: SAM v1 ONNX "
+                "exports with their int8 files)"
             )
         return RUNTIMES[key](source, options)
     if precision != "fp32":
         raise ValueError(
-            f"--precision {precision} runs an exported SAM v1 or SAM 2 (--exported DIR from "
+            f"--precision {precision} runs an export (--exported DIR from "
             "'paddle-sam export'); the dynamic model computes in fp32"
         )
     fam = _family(source)
@@ -476,11 +501,11 @@ def video_refusal(source: Source) -> str | None:
             f"{source.path} is {source.describe()}: video needs SAM 2, or SAM 3 with its "
             "video tracker"
         )
-    if source.exported and source.family != "sam2":
+    if source.exported and source.runtime != "openvino":
         return (
-            f"{source.path} is an export folder of {source.describe()}: video runs on the "
-            "dynamic SAM 3 (the released sam3.pt or a .pdparams converted from it) or on SAM 2 "
-            "(a checkpoint or its export)"
+            f"{source.path} is an export folder of {source.describe()}: video runs on "
+            "checkpoints and on the OpenVINO exports ('paddle-sam export --format onnx' of "
+            "SAM 3 with its tracker, 'paddle-sam export' of SAM 2)"
         )
     if source.layout == "hf":
         return (

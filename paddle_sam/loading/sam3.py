@@ -248,6 +248,115 @@ def load_sam3(
     )
 
 
+#: what :func:`load_sam3_export` builds
+EXPORT_KINDS = ("image", "video", "tracker")
+
+
+def load_sam3_export(
+    export_dir: str | os.PathLike,
+    kind: str = "image",
+    precision: str = "fp32",
+    threads: int | None = None,
+    bpe_path: str | os.PathLike | None = None,
+    interactive: bool | None = None,
+    apply_temporal_disambiguation: bool = True,
+):
+    """SAM 3 from a ``paddle-sam export --format onnx`` folder: the vision backbone on OpenVINO
+    (:class:`~paddle_sam.deploy.sam3.OpenVinoVisionBackbone`; ``precision`` fp32 or bf16,
+    ``threads``), every other weight strictly loaded from its ``model.pdparams``.
+
+    ``kind``: ``image`` (:class:`Sam3Image`; ``interactive``: with the click predictor,
+    by default when the export has it), ``video`` (the dense video model, as
+    :func:`build_sam3_video_model` builds it: wrap it in :class:`Sam3VideoPredictor`) or
+    ``tracker`` (:class:`Sam3TrackerVideoPredictor` with its backbone, as
+    :func:`load_sam3_tracker`)."""
+    from ..convert import sam3 as convert_sam3
+    from ..convert.core import CheckpointMismatchError, check_keys, model_shapes, read_pdparams
+    from ..deploy.sam3 import OpenVinoVisionBackbone, read_sam3_onnx_manifest
+    from ..export.sam3 import VISION, WEIGHTS
+
+    if kind not in EXPORT_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(EXPORT_KINDS)}, got {kind!r}")
+    folder = Path(export_dir)
+    manifest = read_sam3_onnx_manifest(folder)
+    try:
+        spec = Sam3Spec.from_dict(manifest["spec"])
+        levels = {
+            "sam3": list(manifest["levels"]["sam3"]),
+            "sam2": list(manifest["levels"]["sam2"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{folder / 'export.json'}: no valid spec and levels ({exc})") from None
+    weights = folder / WEIGHTS
+    state = read_pdparams(weights)
+    has_clicks = bool(levels["sam2"]) and any(
+        k.startswith(convert_sam3.INTERACTIVE_PREFIX) for k in state
+    )
+    has_video = has_clicks and any(k.startswith(tuple(convert_sam3.VIDEO_ONLY)) for k in state)
+    if interactive is None:
+        interactive = has_clicks
+    if (kind == "image" and interactive and not has_clicks) or (kind != "image" and not has_video):
+        what = "clicks" if kind == "image" else "video"
+        raise ValueError(
+            f"{folder} was exported from a SAM 3 without its tracker's weights: no {what}; "
+            "export a checkpoint that has them (the released sam3.pt, converted with its tracker)"
+        )
+
+    def on_openvino(vision_backbone):
+        return OpenVinoVisionBackbone(
+            folder / manifest["programs"][VISION][0],
+            vision_backbone.position_encoding,
+            levels,
+            precision=precision,
+            threads=threads,
+        )
+
+    where = f"{weights}: "
+    with declared_parameters(True):
+        if kind == "tracker":
+            tracker = build_tracker_model(
+                spec,
+                apply_temporal_disambiguation=apply_temporal_disambiguation,
+                with_backbone=True,
+                tracker_cls=Sam3TrackerVideoPredictor,
+            )
+            tracker.backbone.vision_backbone = on_openvino(tracker.backbone.vision_backbone)
+        else:
+            detector = build_sam3_model(
+                spec,
+                tokenizer=SimpleTokenizer(bpe_path=bpe_path),
+                enable_inst_interactivity=interactive or kind == "video",
+            )
+            backbone = detector.backbone
+            backbone.vision_backbone = on_openvino(backbone.vision_backbone)
+            if kind == "video":
+                tracker = build_tracker_model(
+                    spec,
+                    apply_temporal_disambiguation=apply_temporal_disambiguation,
+                    tracker_cls=Sam3TrackerVideoPredictor,
+                )
+    if kind != "tracker":
+        load_state_strict(
+            detector, convert_sam3.select_for_model(state, model_shapes(detector), where=where)
+        )
+        if kind == "image":
+            return detector
+    try:
+        tracker_state = convert_sam3.tracker_state(state)
+    except CheckpointMismatchError as exc:
+        raise CheckpointMismatchError(f"{where}{exc}") from None
+    check_keys(model_shapes(tracker), tracker_state, where=where)
+    load_state_strict(tracker, tracker_state, where=where)
+    if kind == "tracker":
+        return tracker
+    return build_video_model(
+        detector,
+        tracker,
+        apply_temporal_disambiguation=apply_temporal_disambiguation,
+        model_cls=Sam3VideoModel,
+    )
+
+
 def load_sam3_predictor(
     checkpoint: str | os.PathLike,
     bpe_path: str | os.PathLike | None = None,

@@ -440,7 +440,7 @@ def build_video_model(
     unknown = set(overrides) - set(settings)
     if unknown:
         raise TypeError(f"unknown video model settings: {sorted(unknown)}")
-    if getattr(detector.backbone.vision_backbone, "sam2_convs", None) is None:
+    if not getattr(detector.backbone.vision_backbone, "has_sam2_neck", False):
         raise ValueError("the detector needs the SAM 2 neck (enable_inst_interactivity=True)")
     detector.supervise_joint_box_scores = True
     detector.inst_interactive_predictor = None

@@ -62,6 +62,11 @@ class Sam3DualViTDetNeck(nn.Layer):
         self.convs = nn.LayerList(_fpn_level(dim, d_model, s) for s in self.scale_factors)
         self.sam2_convs = copy.deepcopy(self.convs) if add_sam2_neck else None
 
+    @property
+    def has_sam2_neck(self) -> bool:
+        """Whether the second neck (clicks and video) is there."""
+        return self.sam2_convs is not None
+
     def forward(
         self, images: paddle.Tensor
     ) -> tuple[

@@ -127,8 +127,13 @@ class Sam3Predictor:
         if not 0.0 <= confidence_threshold < 1.0:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         if processor is None:
-            if resolution is None:  # the trunk's input size (1008 for the released model)
-                resolution = int(getattr(model.backbone.vision_backbone.trunk, "img_size", 1008))
+            if resolution is None:  # the model's input size (1008 for the released model)
+                spec = getattr(model, "spec", None)
+                resolution = int(
+                    spec.image_size
+                    if spec is not None
+                    else getattr(model.backbone.vision_backbone.trunk, "img_size", 1008)
+                )
             processor = Sam3Processor(
                 model, resolution=resolution, confidence_threshold=confidence_threshold
             )

@@ -1,0 +1,268 @@
+"""SAM 3's ONNX export: the vision backbone run by OpenVINO in the dynamic model's place (a
+reduced SAM 3 with its tracker, random weights balanced so that masks differ). The exported
+model answers as the dynamic one for text and box prompts, clicks and dense video; ``export
+--format onnx``, ``segment --exported`` and ``track --exported`` from the CLI; broken folders
+and missing parts refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paddle_sam import loading
+from paddle_sam._runtime import bf16_refusal
+from paddle_sam.convert.core import read_pdparams, save_pdparams
+from paddle_sam.deploy.sam3 import OpenVinoVisionBackbone
+from paddle_sam.deploy.sam_v1 import ExportFormatError
+from paddle_sam.export.sam3 import export_sam3_onnx
+from paddle_sam.loading.sam3 import build_sam3_video_model, load_sam3, load_sam3_export
+from paddle_sam.predict.sam3.processor import Sam3Processor
+from paddle_sam.predict.sam3.video_predictor import Sam3VideoPredictor
+from tests.cli.test_cli import assert_user_error, run
+from tests.helpers.sam3_ref import run_prompts
+from tests.helpers.server import tiny_sam3_video_model
+from tests.helpers.specs import tiny_sam3_tracker_spec
+from tests.helpers.video import scene, write_frames, write_mp4
+
+pytest.importorskip("openvino")
+pytest.importorskip("paddle2onnx")
+
+SPEC = tiny_sam3_tracker_spec()
+H, W = 60, 80
+BOX = [0.45, 0.5, 0.3, 0.4]
+CASES = {
+    "text": [("text", "a shape")],
+    "box": [("box", BOX, True)],
+    "text+negative box": [
+        ("text", "a shape"),
+        ("box", BOX, True),
+        ("box", [0.2, 0.3, 0.2, 0.2], False),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("export_sam3_ov")
+
+
+@pytest.fixture(scope="module")
+def ckpt(work) -> Path:
+    """A converted checkpoint of the balanced tiny video model: the detector (with its second
+    neck) and the tracker under the image model's interactive prefix, as ``convert`` writes
+    the released sam3.pt."""
+    model = tiny_sam3_video_model(seed=3)
+    state = {k: v.numpy() for k, v in model.detector.state_dict().items()}
+    state.update(
+        {
+            f"inst_interactive_predictor.model.{k}": v.numpy()
+            for k, v in model.tracker.state_dict().items()
+        }
+    )
+    path = work / "sam3_tiny.pdparams"
+    meta = {
+        "format": "paddle-sam/sam3",
+        "model_type": "sam3",
+        "spec": dataclasses.asdict(SPEC),
+        "interactive": True,
+        "source": {"file": "random", "sha256": "2" * 64, "layout": "official"},
+    }
+    save_pdparams(state, path, meta)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dynamic(ckpt):
+    return load_sam3(ckpt, enable_inst_interactivity=True)
+
+
+@pytest.fixture(scope="module")
+def exported(work, ckpt, dynamic) -> Path:
+    out = work / "export"
+    manifest = export_sam3_onnx(dynamic, out, state=read_pdparams(ckpt), source_sha256="2" * 64)
+    assert manifest["format"] == "paddle-sam/sam3-onnx"
+    assert manifest["levels"]["sam3"] == [[256, 32, 32], [256, 16, 16], [256, 8, 8], [256, 4, 4]]
+    assert manifest["levels"]["sam2"] == manifest["levels"]["sam3"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def image() -> np.ndarray:
+    return scene(1, H, W)[0]
+
+
+def _agree(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(a == b)) if a.size else 1.0
+
+
+def test_the_folder_holds_the_backbone_and_the_other_weights(exported):
+    import onnx
+
+    source = loading.resolve(exported=exported)
+    assert (source.family, source.runtime, source.exported) == ("sam3", "openvino", True)
+    assert {"image", "text", "clicks", "video"} <= source.parts
+    assert (exported / "vision_backbone.onnx.data").stat().st_size > 0  # external weights
+    graph = onnx.load(str(exported / "vision_backbone.onnx"), load_external_data=False).graph
+    assert [o.name for o in graph.output] == [f"sam{v}_fpn_{i}" for v in (3, 2) for i in range(4)]
+    assert not any(n.op_type == "Constant" for n in graph.node)
+    keys = set(read_pdparams(exported / "model.pdparams"))
+    assert not any(k.startswith("backbone.vision_backbone.") for k in keys)
+    assert "inst_interactive_predictor.model.maskmem_tpos_enc" in keys  # the video tracker too
+    assert any(k.startswith("backbone.language_backbone.") for k in keys)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_prompts_answer_as_the_dynamic_model(exported, dynamic, image, case):
+    model = load_sam3_export(exported)
+    assert isinstance(model.backbone.vision_backbone, OpenVinoVisionBackbone)
+    ours = run_prompts(Sam3Processor(model, resolution=SPEC.image_size), image, CASES[case], 0.0)
+    ref = run_prompts(Sam3Processor(dynamic, resolution=SPEC.image_size), image, CASES[case], 0.0)
+    np.testing.assert_allclose(ours["scores"].numpy(), ref["scores"].numpy(), atol=1e-4)
+    np.testing.assert_allclose(ours["boxes"].numpy(), ref["boxes"].numpy(), atol=1e-2)
+    assert _agree(ours["masks"].numpy(), ref["masks"].numpy()) >= 0.999
+
+
+def test_clicks_answer_as_the_dynamic_model(exported, dynamic, image):
+    model = load_sam3_export(exported, interactive=True)
+    got = []
+    for m in (model, dynamic):
+        proc = Sam3Processor(m, resolution=SPEC.image_size)
+        state = proc.set_image(image)
+        masks, scores, _ = m.predict_inst(
+            state, point_coords=np.array([[40.0, 30.0]]), point_labels=np.array([1])
+        )
+        got.append((np.asarray(masks), np.asarray(scores)))
+    (a, sa), (b, sb) = got
+    np.testing.assert_allclose(sa, sb, atol=1e-4)
+    assert _agree(a, b) >= 0.999 and 0 < b.mean() < 1  # a mask, not all or nothing
+
+
+def _track(predictor, video: Path) -> list[tuple[int, list[int], np.ndarray]]:
+    sid = predictor.handle_request({"type": "start_session", "resource_path": str(video)})[
+        "session_id"
+    ]
+    predictor.handle_request(
+        {"type": "add_prompt", "session_id": sid, "frame_index": 0, "text": "a shape"}
+    )
+    out = []
+    for r in predictor.handle_stream_request({"type": "propagate_in_video", "session_id": sid}):
+        o = r["outputs"]
+        out.append(
+            (r["frame_index"], list(map(int, o["out_obj_ids"])), np.asarray(o["out_binary_masks"]))
+        )
+    predictor.handle_request({"type": "close_session", "session_id": sid})
+    return out
+
+
+# random weights: every detection kept, tracks started at once (as the service's tests)
+VIDEO_SETTINGS = dict(
+    score_threshold_detection=0.0,
+    new_det_thresh=0.0,
+    det_nms_thresh=0.5,
+    hotstart_delay=0,
+    hotstart_unmatch_thresh=0,
+    hotstart_dup_thresh=0,
+)
+
+
+def _video_predictor(model) -> Sam3VideoPredictor:
+    for name, value in VIDEO_SETTINGS.items():
+        setattr(model, name, value)
+    return Sam3VideoPredictor(model)
+
+
+def test_dense_video_answers_as_the_dynamic_model(exported, ckpt, work):
+    video = write_frames(scene(4, H, W), work / "frames")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = _track(_video_predictor(build_sam3_video_model(checkpoint_path=ckpt)), video)
+    ours = _track(_video_predictor(load_sam3_export(exported, "video")), video)
+    assert [f for f, _, _ in ours] == [f for f, _, _ in ref] == [0, 1, 2, 3]
+    assert any(ids for _, ids, _ in ref)  # objects found, so the comparison means something
+    for (f, ids_a, a), (_, ids_b, b) in zip(ours, ref, strict=True):
+        assert ids_a == ids_b, f"frame {f}"
+        assert _agree(a, b) >= 0.999, f"frame {f}"
+
+
+def test_tracker_with_its_backbone_loads(exported):
+    tracker = load_sam3_export(exported, "tracker")
+    assert isinstance(tracker.backbone.vision_backbone, OpenVinoVisionBackbone)
+
+
+def test_bf16_applied_or_refused(exported, image):
+    why = bf16_refusal()
+    if why is not None:
+        with pytest.raises(ValueError, match="bf16"):
+            load_sam3_export(exported, precision="bf16")
+        return
+    fp32, bf16 = (load_sam3_export(exported, precision=p) for p in ("fp32", "bf16"))
+    x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
+    y = Sam3Processor(bf16, resolution=SPEC.image_size).set_image(image)
+    a = x["backbone_out"]["backbone_fpn"][0].numpy().ravel()
+    b = y["backbone_out"]["backbone_fpn"][0].numpy().ravel()
+    assert not np.array_equal(a, b)  # bf16 really applied
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+
+
+def test_broken_folders_and_missing_parts_are_named(exported, dynamic, work, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(exported, broken)
+    (broken / "vision_backbone.onnx.data").unlink()
+    with pytest.raises(ExportFormatError, match="vision_backbone.onnx.data"):
+        load_sam3_export(broken)
+    manifest = json.loads((exported / "export.json").read_text())
+    manifest["format_version"] = 99
+    shutil.copytree(exported, tmp_path / "future")
+    (tmp_path / "future" / "export.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportFormatError, match="export the model again"):
+        load_sam3_export(tmp_path / "future")
+    with pytest.raises(ValueError, match="kind"):
+        load_sam3_export(exported, "everything")
+    # an image model without its tracker: text and boxes, no clicks, no video
+    image_only = tmp_path / "image_only"
+    state = {
+        k: v
+        for k, v in read_pdparams(exported / "model.pdparams").items()
+        if not k.startswith("inst_")
+    }
+    export_sam3_onnx(dynamic, image_only, state=state)
+    assert loading.resolve(exported=image_only).parts == {"image", "text"}
+    for kind in ("video", "tracker"):
+        with pytest.raises(ValueError, match="without its tracker"):
+            load_sam3_export(image_only, kind)
+    with pytest.raises(FileExistsError):
+        export_sam3_onnx(dynamic, image_only, state=state)
+
+
+def test_cli_export_segment_and_track(ckpt, tmp_path, image, capsys):
+    from PIL import Image
+
+    out = tmp_path / "exp"
+    assert run(["export", "--checkpoint", ckpt, "--format", "onnx", "-o", out]) == 0
+    assert json.loads((out / "export.json").read_text())["format"] == "paddle-sam/sam3-onnx"
+    assert {"clicks", "video"} <= loading.resolve(exported=out).parts  # the tracker came along
+    Image.fromarray(image).save(tmp_path / "img.png")
+    common = ["segment", tmp_path / "img.png", "--text", "a shape", "--confidence-threshold", "0"]
+    assert run([*common, "--exported", out, "-o", tmp_path / "s"]) == 0
+    assert run([*common, "--checkpoint", ckpt, "-o", tmp_path / "d"]) == 0
+    a = json.loads((tmp_path / "s" / "annotations.json").read_text())["annotations"]
+    b = json.loads((tmp_path / "d" / "annotations.json").read_text())["annotations"]
+    assert len(a) == len(b) == SPEC.num_queries
+    np.testing.assert_allclose([x["score"] for x in a], [x["score"] for x in b], atol=1e-4)
+    clip = write_mp4(scene(3, H, W), tmp_path / "clip.mp4")
+    assert run(["track", clip, "--exported", out, "--text", "a shape", "-o", tmp_path / "t"]) == 0
+    assert any((tmp_path / "t").iterdir())
+    # clicks: the tracker alone, its backbone on OpenVINO
+    assert run(["track", clip, "--exported", out, "--point", "0,40,30", "-o", tmp_path / "c"]) == 0
+    assert any((tmp_path / "c" / "masks").iterdir())
+    capsys.readouterr()
+    # the options of the other exports are refused by name
+    argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--quantize", "int8", "-o", "q"]
+    assert_user_error(capsys, argv, "--quantize")
