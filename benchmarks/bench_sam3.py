@@ -3,7 +3,7 @@
 same full-size random weights.
 
     python benchmarks/bench_sam3.py [--repeats 2] [--prompts 3] [--rounds 2] [--threads N]
-        [--impl paddle,static,torch] [--out benchmarks/results]
+        [--impl paddle,static,openvino,openvino-bf16,torch] [--out benchmarks/results]
 
 The parent process has a worker write one set of weights: the official full-size image model
 built by sam3's builder, every Linear redrawn from N(0, 1/fan_in) and every tensor perturbed
@@ -43,7 +43,9 @@ from typing import Any  # noqa: E402
 import bench_sam_v1 as v1  # noqa: E402  (keeps the environment as it was: v1._BASE_ENV)
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "static", "torch")
+IMPLS = ("paddle", "static", "openvino", "openvino-bf16", "torch")
+# the export (``export --format onnx``) each OpenVINO impl runs, and its precision
+OPENVINO = {"openvino": "fp32", "openvino-bf16": "bf16"}
 IMAGE_HW = (768, 1024)
 TEXTS = ("a yellow school bus", "the dog on the left", "a red car", "person", "traffic light")
 BOXES = ((0.45, 0.5, 0.3, 0.4), (0.3, 0.3, 0.2, 0.25), (0.6, 0.7, 0.25, 0.2))  # cx, cy, w, h
@@ -114,10 +116,12 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
 
 
 def run_paddle_worker(args) -> dict:
-    """``--worker paddle`` (dygraph ``Sam3Processor`` on the .pdparams) or ``static``
-    (``StaticSam3Processor`` on the export folder)."""
+    """``--worker paddle`` (dygraph ``Sam3Processor`` on the .pdparams), ``static``
+    (``StaticSam3Processor`` on the PIR export folder) or ``openvino[-bf16]`` (the dynamic
+    model with its vision backbone on OpenVINO, from the ONNX export folder)."""
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
+
     paddle_sam.tune_process()  # the settings the CLI runs with
 
     import_s = time.perf_counter() - t0
@@ -134,6 +138,12 @@ def run_paddle_worker(args) -> dict:
 
         processor = StaticSam3Processor(args.checkpoint, threads=args.threads)
         to_numpy: Callable[[Any], np.ndarray] = np.asarray
+    elif args.worker in OPENVINO:
+        from paddle_sam.loading.sam3 import load_sam3_export
+
+        model = load_sam3_export(args.checkpoint, precision=OPENVINO[args.worker])
+        processor = paddle_sam.Sam3Processor(model)
+        to_numpy = lambda t: t.numpy()  # noqa: E731
     else:
         model = paddle_sam.build_sam3_image_model(checkpoint_path=args.checkpoint)
         processor = paddle_sam.Sam3Processor(model)
@@ -238,6 +248,15 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
 
         export_sam3(load_sam3(pdparams), tmp / "export")
         paths["static"] = tmp / "export"
+    if any(i in OPENVINO for i in impls):
+        from paddle_sam.export.sam3 import export_sam3_onnx
+        from paddle_sam.loading.sam3 import load_sam3
+
+        t0 = time.perf_counter()
+        export_sam3_onnx(load_sam3(pdparams), tmp / "onnx")
+        print(f"  ONNX export for OpenVINO: {time.perf_counter() - t0:.0f} s", flush=True)
+        for impl in OPENVINO:
+            paths[impl] = tmp / "onnx"
     return paths
 
 
@@ -279,7 +298,7 @@ def ratio(values: dict[str, float], impl: str = "paddle") -> float | None:
     return None
 
 
-RATIOS = ("paddle", "static")  # each over torch
+RATIOS = ("paddle", "static", "openvino", "openvino-bf16")  # each over torch
 
 
 def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
@@ -299,9 +318,13 @@ TABLE_HEADER = [
     "metric",
     "paddle_sam",
     "paddle_sam static",
+    "OpenVINO fp32",
+    "OpenVINO bf16",
     "torch (official sam3)",
     "paddle/torch",
     "static/torch",
+    "ov fp32/torch",
+    "ov bf16/torch",
 ]
 
 
@@ -409,7 +432,7 @@ def parse_impls(text: str) -> tuple[str, ...]:
     impls = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     if not impls or any(i not in IMPLS for i in impls):
         raise argparse.ArgumentTypeError(
-            f"--impl takes a comma list of paddle,static,torch: {text!r}"
+            f"--impl takes a comma list of {','.join(IMPLS)}: {text!r}"
         )
     return impls
 
@@ -420,9 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=v1.positive, default=3, help="timed calls per prompt kind")
     p.add_argument("--rounds", type=v1.positive, default=2, help="interleaved runs per impl")
     p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for each")
-    p.add_argument(
-        "--impl", type=parse_impls, default=IMPLS, help="comma list: paddle,static,torch"
-    )
+    p.add_argument("--impl", type=parse_impls, default=IMPLS, help=f"comma list: {','.join(IMPLS)}")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument(
         "--workdir",

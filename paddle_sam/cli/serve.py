@@ -277,9 +277,14 @@ def _sam3_models(
     model's detector, with the tracker's heads for clicks, serves the image page)."""
     from ..loading import image_predictor_of_video, load_image_predictor, video_predictor_or_refusal
 
-    if args.exported is not None:
-        raise ValueError("SAM 3 is served from --checkpoint only (no exported SAM 3 yet)")
-    source = source_of(args, "sam3")
+    check_one_source(args)
+    source = source_of(args, "sam3")  # a checkpoint, or an ONNX export (OpenVINO backbone)
+    if source.exported and source.runtime != "openvino":
+        raise ValueError(
+            f"--exported {args.exported}: SAM 3 is served from a checkpoint or from its "
+            "OpenVINO export ('paddle-sam export --format onnx'), not from PIR programs"
+        )
+    precision = {"precision": args.precision}
     if args.no_video:
         video, why = None, "the video mode is off on this server (paddle-sam serve --no-video)"
     elif args.label_studio:
@@ -292,14 +297,14 @@ def _sam3_models(
             ),
         )
     else:
-        video, why = video_predictor_or_refusal(source, bpe=args.bpe)
+        video, why = video_predictor_or_refusal(source, bpe=args.bpe, **precision)
         if video is None and not source.lacks("video"):  # the tracker failed to build
             print(f"paddle-sam serve: note: no video mode: {why}", file=sys.stderr)
             why = f"this server's SAM 3 checkpoint has no video mode: {why}"
     if video is not None:
         return image_predictor_of_video(video, args.confidence_threshold), video, None, source
     image = load_image_predictor(
-        source, bpe=args.bpe, confidence_threshold=args.confidence_threshold
+        source, bpe=args.bpe, confidence_threshold=args.confidence_threshold, **precision
     )
     return image, None, why, source
 

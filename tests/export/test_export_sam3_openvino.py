@@ -266,3 +266,36 @@ def test_cli_export_segment_and_track(ckpt, tmp_path, image, capsys):
     # the options of the other exports are refused by name
     argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--quantize", "int8", "-o", "q"]
     assert_user_error(capsys, argv, "--quantize")
+
+
+def _served_text_scores(argv: list, image: np.ndarray) -> tuple[dict, list[float]]:
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.server import png_bytes
+
+    started: dict = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(uvicorn, "run", lambda app, **kwargs: started.update(app=app, **kwargs))
+        assert run(["serve", *argv, "--port", "0", "--confidence-threshold", "0"]) == 0
+    with TestClient(started["app"]) as client:
+        model = client.get("/health").json()["model"]
+        r = client.post("/sessions", files={"image": ("x.png", png_bytes(image), "image/png")})
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        r = client.post(f"/sessions/{sid}/prompt", json={"text": "a shape"})
+        assert r.status_code == 200, r.text
+    return model, sorted((m["score"] for m in r.json()["masks"]), reverse=True)
+
+
+def test_serve_from_the_export(exported, ckpt, image):
+    """``serve --exported`` serves the image page (text, clicks) and the video mode from the
+    export; a text prompt scores as the same server on the checkpoint."""
+    model, got = _served_text_scores(["--exported", exported], image)
+    assert model["type"] == "sam3" and model["video"] is True
+    assert model["takes_text"] is True and model["takes_points"] is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, want = _served_text_scores(["--checkpoint", ckpt], image)
+    assert len(got) == len(want) == SPEC.num_queries
+    np.testing.assert_allclose(got, want, atol=1e-4)
