@@ -64,6 +64,7 @@ def run_worker(args: argparse.Namespace) -> dict:
             seconds = time.perf_counter() - t0
     else:
         import paddle_sam
+
         paddle_sam.tune_process()  # the settings the CLI runs with
 
         import_s = time.perf_counter() - t0

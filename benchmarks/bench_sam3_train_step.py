@@ -239,6 +239,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     _memory_guard(res, args.min_free_mb)
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
+
     paddle_sam.tune_process()  # the settings the CLI runs with
 
     res["import_s"] = time.perf_counter() - t0

@@ -158,6 +158,7 @@ def time_video(predictor: Any, model: Any, video: str, patches: Any) -> dict:
 def run_paddle_worker(args) -> dict:
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
+
     paddle_sam.tune_process()  # the settings the CLI runs with
 
     import_s = time.perf_counter() - t0

@@ -91,6 +91,7 @@ def run_worker(args: argparse.Namespace) -> dict:
         import contextlib
 
         import paddle_sam
+
         paddle_sam.tune_process()  # the settings the CLI runs with
         from paddle_sam import SamAutomaticMaskGenerator, sam_model_registry
         from paddle_sam._runtime import get_num_threads

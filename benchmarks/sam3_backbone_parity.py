@@ -30,6 +30,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import paddle_sam  # first: applies the CPU defaults before paddle loads MKL
+
     paddle_sam.tune_process()  # the settings the CLI runs with
 
     # isort: split

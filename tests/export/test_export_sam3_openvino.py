@@ -25,7 +25,7 @@ from paddle_sam.predict.sam3.processor import Sam3Processor
 from paddle_sam.predict.sam3.video_predictor import Sam3VideoPredictor
 from tests.cli.test_cli import assert_user_error, run
 from tests.helpers.sam3_ref import run_prompts
-from tests.helpers.server import tiny_sam3_video_model
+from tests.helpers.server import VIDEO_SETTINGS, tiny_sam3_video_model
 from tests.helpers.specs import tiny_sam3_tracker_spec
 from tests.helpers.video import scene, write_frames, write_mp4
 
@@ -157,17 +157,6 @@ def _track(predictor, video: Path) -> list[tuple[int, list[int], np.ndarray]]:
         )
     predictor.handle_request({"type": "close_session", "session_id": sid})
     return out
-
-
-# random weights: every detection kept, tracks started at once (as the service's tests)
-VIDEO_SETTINGS = dict(
-    score_threshold_detection=0.0,
-    new_det_thresh=0.0,
-    det_nms_thresh=0.5,
-    hotstart_delay=0,
-    hotstart_unmatch_thresh=0,
-    hotstart_dup_thresh=0,
-)
 
 
 def _video_predictor(model) -> Sam3VideoPredictor:

@@ -107,6 +107,19 @@ def assert_error(r, status: int, code: str, *words: str) -> None:
         assert w in body["detail"], body
 
 
+#: the video model's settings for random weights (balanced, see tiny_sam3_video_model): every
+#: detection scores about alike, so the thresholds go to 0; without the temporal heuristics
+#: (hot-start, reconditioning) a short video keeps its objects
+VIDEO_SETTINGS = dict(
+    score_threshold_detection=0.0,
+    new_det_thresh=0.0,
+    det_nms_thresh=0.5,
+    hotstart_delay=0,
+    hotstart_unmatch_thresh=0,
+    hotstart_dup_thresh=0,
+)
+
+
 def tiny_sam3_video_model(seed: int = 0, balance: bool = True, **settings):
     """SAM 3's dense video model at the tiny test sizes (the tracker's heads at their released
     widths: d_model 256, 8 heads, 2048 wide), random weights, the bundled BPE vocabulary;

@@ -30,6 +30,7 @@ from paddle_sam.serve import create_app
 from paddle_sam.serve.video import VideoSession
 from tests.helpers.pairs import image as make_image
 from tests.helpers.server import (
+    VIDEO_SETTINGS,
     assert_error,
     decode_mask_png,
     png_bytes,
@@ -40,22 +41,11 @@ from tests.helpers.video import scene, write_mp4
 
 NUM_FRAMES, H, W = 8, 60, 80
 TEXT = "a red square"
-# random weights (balanced, see tiny_sam3_video_model): every detection scores about alike,
-# so the thresholds go to 0; without the temporal heuristics (hot-start, reconditioning) a
-# short video keeps its objects
-SETTINGS = dict(
-    score_threshold_detection=0.0,
-    new_det_thresh=0.0,
-    det_nms_thresh=0.5,
-    hotstart_delay=0,
-    hotstart_unmatch_thresh=0,
-    hotstart_dup_thresh=0,
-)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_sam3_video_model(seed=0, **SETTINGS)
+    return tiny_sam3_video_model(seed=0, **VIDEO_SETTINGS)
 
 
 @pytest.fixture(scope="module")
