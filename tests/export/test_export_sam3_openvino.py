@@ -253,8 +253,9 @@ def test_cli_export_segment_and_track(ckpt, tmp_path, image, capsys):
     assert any((tmp_path / "c" / "masks").iterdir())
     capsys.readouterr()
     # the options of the other exports are refused by name
-    argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--quantize", "int8", "-o", "q"]
-    assert_user_error(capsys, argv, "--quantize")
+    argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--quantize", "int8"]
+    assert_user_error(capsys, [*argv, "-o", tmp_path / "q"], "--quantize")
+    assert not (tmp_path / "q").exists()
 
 
 def _served_text_scores(argv: list, image: np.ndarray) -> tuple[dict, list[float]]:
