@@ -23,7 +23,7 @@ from pycocotools import mask as mask_utils
 
 from paddle_sam.predict.track_outputs import obj_color
 from paddle_sam.serve import create_app
-from tests.helpers.server import ThreadedServer, tiny_sam3_video_model
+from tests.helpers.server import VIDEO_SETTINGS, ThreadedServer, tiny_sam3_video_model
 from tests.helpers.video import scene, write_mp4
 from tests.serve.test_e2e_browser import (  # noqa: F401 - the fixture is used by name
     ARTIFACTS,
@@ -32,7 +32,7 @@ from tests.serve.test_e2e_browser import (  # noqa: F401 - the fixture is used b
     browser_page,
     pytestmark,
 )
-from tests.serve.test_serve_video import SETTINGS, TEXT
+from tests.serve.test_serve_video import TEXT
 
 NUM_FRAMES, H, W = 8, 90, 120
 
@@ -118,7 +118,7 @@ def click_at(page, x: float, y: float, button: str = "left") -> None:
 def test_video_page_end_to_end(browser_page, tmp_path):  # noqa: F811 - the fixture
     page, errors = browser_page
     path = write_mp4(scene(NUM_FRAMES, H, W), tmp_path / "clip.mp4")
-    model = tiny_sam3_video_model(seed=0, **SETTINGS)
+    model = tiny_sam3_video_model(seed=0, **VIDEO_SETTINGS)
     with ThreadedServer(create_app(model, token=TOKEN)) as server:
         url = server.url
         page.goto(f"{url}/video#token={TOKEN}")
