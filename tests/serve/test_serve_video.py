@@ -669,7 +669,8 @@ def test_serve_command_line_video_mode(monkeypatch, tmp_path, capsys):
     base = ["serve", "--model-type", "sam3", "--port", "0", "--checkpoint", str(ckpt)]
 
     assert main([*base, "--max-video-frames", "50", "--max-video-seconds", "7.5"]) == 0
-    assert built["video"] == (video_model, {"checkpoint_path": str(ckpt), "bpe": None})
+    expected = {"checkpoint_path": str(ckpt), "bpe": None, "precision": "fp32"}
+    assert built["video"] == (video_model, expected)
     assert built["model"].model == ("detector of", built["video"])
     assert built["video_refusal"] is None
     assert built["max_video_frames"] == 50 and built["max_video_seconds"] == 7.5
