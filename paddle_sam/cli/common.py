@@ -25,7 +25,7 @@ from ..predict.outputs import check_targets
 def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("sam_v1",)) -> None:
     """--checkpoint and --model-type, whose choices are the model types of ``families``."""
     types = sorted(SAM_SPECS) if "sam_v1" in families else []
-    types += sorted(SAM2_SPECS) if "sam2" in families else []
+    types += ["sam2", *sorted(SAM2_SPECS)] if "sam2" in families else []
     types += ["sam3"] if "sam3" in families else []
     parser.add_argument(
         "--checkpoint", default=None, help="converted .pdparams (or an official file)"
@@ -34,7 +34,8 @@ def add_model_args(parser: argparse.ArgumentParser, families: Sequence[str] = ("
         "--model-type",
         choices=types,
         default=None,
-        help="default: from the checkpoint's sidecar or its weights",
+        help="default: from the checkpoint's sidecar or its weights; without --checkpoint, "
+        "a family's name (sam2, sam3) picks its bundled model",
     )
 
 

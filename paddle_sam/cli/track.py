@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import check_precision, parse_floats, positive, prepare_out
+from .common import check_precision, parse_floats, positive, prepare_out, source_of
 
 OUTPUTS = ("results.json", "overlay.mp4", "masks")
 
@@ -146,11 +146,15 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Any, dict]:
             raise ValueError(f"--exported {args.exported}: {why}")
         return source, source.meta
     if args.checkpoint is None:
-        raise ValueError(
-            "--checkpoint is required: SAM 2 (sam2.1_hiera_tiny.pt or a .pdparams converted "
-            "from it), or SAM 3 (a .pdparams converted from the released sam3.pt with its "
-            "tracker, or sam3.pt itself)"
-        )
+        if args.text is not None:
+            raise ValueError(
+                "--text needs SAM 3's video model: pass --checkpoint sam3.pt (or a .pdparams "
+                "converted from the released sam3.pt with its tracker); the bundled SAM 3 has "
+                "no tracker"
+            )
+        # clicks, boxes and masks: the bundled SAM 2 video model (with a notice)
+        source = source_of(args, "sam2")
+        return source, source.meta
     source = sniff(args.checkpoint, "sam3")
     if source.family == "sam_v1":
         raise ValueError(
@@ -494,7 +498,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Follow clicked, boxed or (SAM 2) masked objects (SAM 2's video predictor "
         "or SAM 3's tracker), or every instance of a concept (--text, SAM 3's dense video "
         "model), through a video: per-object mask PNGs, a YouTube-VIS style results.json and "
-        "an overlay MP4. The model family is read from --checkpoint.",
+        "an overlay MP4. The model family is read from --checkpoint; without one, clicks, boxes "
+        "and masks are tracked by the bundled small SAM 2.1 (generated shapes only).",
     )
     s.add_argument("video", help="a video file (MP4, MOV, AVI, MKV, WEBM) or a folder of frames")
     s.add_argument(

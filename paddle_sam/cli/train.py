@@ -39,6 +39,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if getattr(cfg, "family", "sam_v1") == "sam3":
         from ..train.sam3.trainer import Sam3Trainer as Trainer
+    elif getattr(cfg, "family", "sam_v1") == "sam2":
+        from ..train.sam2.trainer import Sam2Trainer as Trainer
     else:
         from ..train.sam_v1.trainer import Trainer
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -394,10 +394,9 @@ def _sam2_floor(s: Sam2Spec) -> tuple[int, int]:
     (at least 11 w^2 per block of width w), its memory attention and the decoder's MLPs."""
     widths = [s.encoder_embed_dim * 2**i for i in range(4)]
     trunk = sum(n * 11 * w * w for n, w in zip(s.encoder_stages, widths, strict=True))
-    memory = s.memory_attention_layers * (
-        6 * 256 * 256 + 2 * 256 * s.memory_attention_dim_feedforward
-    )
-    decoder = 2 * 2 * 256 * 2048
+    d = s.d_model
+    memory = s.memory_attention_layers * (6 * d * d + 2 * d * s.memory_attention_dim_feedforward)
+    decoder = 2 * 2 * d * s.sam_mlp_dim
     tensors = 12 * sum(s.encoder_stages) + 26 * s.memory_attention_layers
     return trunk + memory + decoder, tensors
 

@@ -22,6 +22,7 @@ from typing import Any
 from ..convert.source import Source, sniff
 from ..models.sam2.build_sam import SAM2_SPECS
 from ..models.sam_v1.build_sam import SAM_SPECS
+from .sam2 import DEFAULT_SAM2_MODEL
 from .sam3 import DEFAULT_SAM3_MODEL
 from .sam_v1 import DEFAULT_MODEL
 
@@ -224,10 +225,11 @@ FAMILIES: dict[str, Family] = {
         name="sam2",
         title="SAM 2",
         model_types=tuple(sorted(SAM2_SPECS)),
-        default=None,
-        default_name="SAM 2",
-        recipe="paddle-sam download sam2.1_hiera_tiny",
-        default_notice="SAM 2 has no bundled model",
+        default=DEFAULT_SAM2_MODEL,
+        default_name="SAM 2 video model",
+        recipe="make train-sam2-default",
+        default_notice="a small SAM 2.1 trained on generated clips of moving shapes only; "
+        "real videos need official weights: paddle-sam download sam2.1_hiera_tiny",
         load_model=_sam2_model,
         image_predictor=_sam2_predictor,
         owns=_sam2_owns,
@@ -336,6 +338,12 @@ def resolve(
         return sniff(exported)
     if checkpoint is not None:
         return sniff(checkpoint, family)
+    if model_type in SAM2_SPECS:  # a released size: its weights are needed
+        raise ValueError(
+            f"--model-type {model_type} needs its weights: pass --checkpoint FILE (paddle-sam "
+            f"download {model_type} fetches and converts them); '--model-type sam2' without "
+            f"--checkpoint is the bundled video model ({FAMILIES['sam2'].default_notice})"
+        )
     return bundled(family or "sam_v1")
 
 

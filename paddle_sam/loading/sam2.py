@@ -33,6 +33,10 @@ from ..models.sam2.sam2_base import SAM2Base
 from ..predict.sam2.predictor import SAM2ImagePredictor
 from ..predict.sam2.video_predictor import SAM2VideoPredictor
 
+# the bundled small SAM 2.1 (configs/sam2_tiny_clips.yaml, ``make train-sam2-default``): trained
+# on generated clips of moving shapes only; 256 px input, clicks, boxes and masks
+DEFAULT_SAM2_MODEL = Path(__file__).resolve().parents[1] / "assets" / "sam2_tiny_clips.pdparams"
+
 #: the video predictor's settings with upstream's ``apply_postprocessing``
 VIDEO_POSTPROCESSING = {"binarize_mask_from_pts_for_mem_enc": True, "fill_hole_area": 8}
 

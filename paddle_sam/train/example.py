@@ -2,6 +2,11 @@
 
 ``python -m paddle_sam.train.example write`` regenerates ``paddle_sam/assets/example.png``
 (640 x 480, fixed seed) and ``example_instances.png`` (0 background, i + 1 = object i);
+``python -m paddle_sam.train.example write-clip`` regenerates the example clip
+``example_clip.mp4`` (generated moving shapes) with its ground truth ``example_clip.json``;
+``python -m paddle_sam.train.example track DIR`` prints the mean IoU over the frames of the
+object ``paddle-sam track`` followed into ``DIR`` (its ``masks/<id>/<frame>.png``) with the
+object clicked on the first frame;
 ``python -m paddle_sam.train.example iou MASK.png --point X,Y`` prints the IoU of a mask with
 the object under the point; ``python -m paddle_sam.train.example concept DIR --text star``
 checks that the masks of ``paddle-sam segment --text`` (``DIR/masks/*.png``) find every
@@ -22,6 +27,10 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 EXAMPLE = ASSETS / "example.png"
 INSTANCES = ASSETS / "example_instances.png"
 DEMO_POINT = (520, 110)  # the red disc: what `make demo` clicks
+EXAMPLE_CLIP = ASSETS / "example_clip.mp4"
+# the example clip: seed, size, frames; `make demo` tracks its object 1 from the click stored
+# in example_clip.json
+CLIP_SEED, CLIP_SIZE, CLIP_FRAMES, CLIP_FPS = 2024, (320, 240), 36, 12.0
 
 
 def write_assets(folder: Path = ASSETS, overwrite: bool = False) -> list[Path]:
@@ -50,6 +59,41 @@ def write_assets(folder: Path = ASSETS, overwrite: bool = False) -> list[Path]:
         )
         + "\n"
     )
+    return out
+
+
+def write_example_clip(folder: Path = ASSETS, overwrite: bool = False) -> list[Path]:
+    from .clips import synthetic_clip, write_clip
+
+    clip = synthetic_clip(CLIP_SEED, 0, *CLIP_SIZE, CLIP_FRAMES)
+    video = write_clip(clip, folder / EXAMPLE_CLIP.name, fps=CLIP_FPS, overwrite=overwrite)
+    return [video, video.with_suffix(".json")]
+
+
+def track_iou(track_dir: str | Path, clip: Path = EXAMPLE_CLIP) -> dict[int, float]:
+    """Mean IoU over the frames of each object ``paddle-sam track`` wrote into ``track_dir``
+    (``masks/<id>/<frame>.png``; a frame without a PNG is an empty mask) with the ground-truth
+    object of the same id in ``clip``'s JSON (:func:`~.clips.write_clip`)."""
+    from .clips import read_clip_truth
+    from .sam2.evaluate import frame_ious
+
+    truth = read_clip_truth(clip)
+    objects = {o["id"]: o for o in truth["objects"]}
+    folders = sorted((Path(track_dir) / "masks").glob("*"))
+    if not folders:
+        raise ValueError(f"{track_dir}/masks holds no tracked object")
+    out = {}
+    for folder in folders:
+        obj_id = int(folder.name)
+        if obj_id not in objects:
+            raise ValueError(f"{folder}: the example clip has no object {obj_id}")
+        gt = objects[obj_id]["masks"]
+        pred = np.zeros_like(gt)
+        for t in range(len(gt)):
+            png = folder / f"{t:05d}.png"
+            if png.is_file():
+                pred[t] = np.asarray(Image.open(png).convert("L")) > 127
+        out[obj_id] = float(frame_ious(pred, gt).mean())
     return out
 
 
@@ -103,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("mask")
     c.add_argument("--point", default=",".join(map(str, DEMO_POINT)))
     c.add_argument("--min", type=float, default=None, help="exit 1 if the IoU is below this")
+    wc = sub.add_parser("write-clip", help="regenerate the example clip and its ground truth")
+    wc.add_argument("--folder", default=str(ASSETS))
+    wc.add_argument("--overwrite", action="store_true")
+    t = sub.add_parser("track", help="mean IoU of paddle-sam track's objects on the example clip")
+    t.add_argument("track_dir", help="the output folder of paddle-sam track on the example clip")
+    t.add_argument("--min", type=float, default=None, help="exit 1 if a mean IoU is below this")
     k = sub.add_parser("concept", help="did segment --text find every instance of a shape?")
     k.add_argument("segment_dir", help="the output folder of paddle-sam segment --text")
     k.add_argument("--text", required=True, help="a shape noun: star, circle, ring, ...")
@@ -115,6 +165,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.min_iou:g} (IoU per instance: {r['ious']})"
         )
         return 0 if r["found"] == r["instances"] else 1
+    if args.cmd == "write-clip":
+        for path in write_example_clip(Path(args.folder), args.overwrite):
+            print(path)
+        return 0
+    if args.cmd == "track":
+        ious = track_iou(args.track_dir)
+        for obj_id, iou in ious.items():
+            print(f"object {obj_id}: mean IoU over the frames with the ground truth {iou:.4f}")
+        return 0 if args.min is None or min(ious.values()) >= args.min else 1
     if args.cmd == "write":
         for path in write_assets(Path(args.folder), args.overwrite):
             print(path)

@@ -131,7 +131,7 @@ def test_segment_errors(files, image_png, work, capsys, tmp_path):
         capsys,
         ["segment", image_png, "-o", tmp_path / "o", "--point", "5,5"]
         + ["--model-type", "sam2.1_hiera_tiny"],
-        "SAM 2 has no bundled model",
+        "sam2.1_hiera_tiny needs its weights",
         "paddle-sam download sam2.1_hiera_tiny",
     )
     assert not (tmp_path / "o").exists()

@@ -1,7 +1,7 @@
 """SAM 2 through the loading layer (paddle_sam.loading): a converted .pdparams (with its sidecar)
 and an official .pt (converted on the fly) give the model, the image predictor and both video
 predictors (upstream's, and the request API the service drives), equal to what the SAM 2 API
-builds itself; SAM 2 has no bundled model and says so; the other families keep theirs."""
+builds itself; SAM 2's bundled model is the small video model; the other families keep theirs."""
 
 from __future__ import annotations
 
@@ -149,12 +149,16 @@ def test_video_predictors(files):
     assert requests.session_ids() == []
 
 
-def test_no_bundled_model(tmp_path):
-    assert FAMILIES["sam2"].default is None
-    for args in ((None, None, "sam2.1_hiera_tiny"), (None, None, None)):
-        kwargs = {"family": "sam2"} if args[2] is None else {}
-        with pytest.raises(ValueError, match="SAM 2 has no bundled model.*download sam2.1"):
-            resolve(*args, **kwargs)
+def test_bundled_model_and_released_sizes_without_weights(tmp_path):
+    """SAM 2's bundled model is the small video model; a released size named without its
+    weights is refused with the command that fetches them."""
+    from paddle_sam.loading.sam2 import DEFAULT_SAM2_MODEL
+
+    assert FAMILIES["sam2"].default == DEFAULT_SAM2_MODEL
+    source = resolve(family="sam2")
+    assert source.path == DEFAULT_SAM2_MODEL and source.family == "sam2"
+    with pytest.raises(ValueError, match="sam2.1_hiera_tiny needs its weights.*download sam2.1"):
+        resolve(model_type="sam2.1_hiera_tiny")
     # the other families keep theirs
     assert resolve().path == FAMILIES["sam_v1"].default
     assert resolve(model_type="sam3").path == FAMILIES["sam3"].default

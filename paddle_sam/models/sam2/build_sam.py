@@ -49,6 +49,10 @@ class Sam2Spec(Spec):
     encoder_window_pos_embed_size: tuple[int, ...] = (14, 14)
     encoder_q_pool: int = 3
     image_size: int = 1024
+    # the hidden width (neck, SAM heads, memory attention) and the SAM decoder's MLP: the
+    # released models' 256 and 2048; smaller for models trained from scratch
+    d_model: int = 256
+    sam_mlp_dim: int = 2048
     # memory
     num_maskmem: int = 7
     memory_attention_layers: int = 4
@@ -82,6 +86,8 @@ class Sam2Spec(Spec):
             "encoder_embed_dim",
             "encoder_num_heads",
             "image_size",
+            "d_model",
+            "sam_mlp_dim",
             "num_maskmem",
             "memory_attention_layers",
             "memory_attention_dim_feedforward",
@@ -112,8 +118,12 @@ class Sam2Spec(Spec):
             )
         if self.proj_tpos_enc_in_obj_ptrs and not self.add_tpos_enc_to_obj_ptrs:
             raise ValueError("proj_tpos_enc_in_obj_ptrs needs add_tpos_enc_to_obj_ptrs")
-        if self.mem_dim > 256 or 256 % self.mem_dim:
-            raise ValueError(f"mem_dim must divide the hidden width 256, got {self.mem_dim}")
+        if self.d_model % 32:
+            raise ValueError(f"d_model must be a multiple of 32, got {self.d_model}")
+        if self.mem_dim > self.d_model or self.d_model % self.mem_dim:
+            raise ValueError(
+                f"mem_dim must divide the hidden width d_model={self.d_model}, got {self.mem_dim}"
+            )
 
     @property
     def channel_list(self) -> list[int]:
@@ -183,7 +193,7 @@ def build_sam2_model(
     predictor), given ``model_kwargs`` too."""
     if not issubclass(model_cls, SAM2Base):
         raise TypeError(f"model_cls must subclass SAM2Base, got {model_cls!r}")
-    d_model, stride, side = 256, 16, spec.image_size // 16
+    d_model, stride, side = spec.d_model, 16, spec.image_size // 16
     trunk = Hiera(
         embed_dim=spec.encoder_embed_dim,
         num_heads=spec.encoder_num_heads,
@@ -233,13 +243,14 @@ def build_sam2_model(
     )
     memory_encoder = MemoryEncoder(
         out_dim=spec.mem_dim,
+        in_dim=d_model,
         position_encoding=PositionEmbeddingSine(
             num_pos_feats=spec.mem_dim, normalize=True, scale=None, temperature=10000
         ),
-        mask_downsampler=MaskDownSampler(kernel_size=3, stride=2, padding=1),
+        mask_downsampler=MaskDownSampler(kernel_size=3, stride=2, padding=1, embed_dim=d_model),
         fuser=Fuser(
             layer=CXBlock(
-                dim=256, kernel_size=7, padding=3, layer_scale_init_value=1e-6, use_dwconv=True
+                dim=d_model, kernel_size=7, padding=3, layer_scale_init_value=1e-6, use_dwconv=True
             ),
             num_layers=2,
         ),
@@ -248,6 +259,7 @@ def build_sam2_model(
         image_encoder=ImageEncoder(trunk=trunk, neck=neck, scalp=1),
         memory_attention=memory_attention,
         memory_encoder=memory_encoder,
+        sam_mlp_dim=spec.sam_mlp_dim,
         num_maskmem=spec.num_maskmem,
         image_size=spec.image_size,
         backbone_stride=stride,

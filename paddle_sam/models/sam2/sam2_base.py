@@ -36,6 +36,7 @@ class SAM2Base(Sam3TrackerBase):
     ``image_encoder``: an :class:`~.image_encoder.ImageEncoder` (its neck's ``d_model`` is the
     hidden width); ``memory_attention``: a :class:`~.memory.MemoryAttention`;
     ``memory_encoder``: a :class:`~.memory.MemoryEncoder`.
+    ``sam_mlp_dim``: the SAM decoder's MLP width (2048 in every released model).
     ``sam_mask_decoder_extra_args``: upstream's (``build_sam2`` passes the
     ``dynamic_multimask_via_stability`` settings; None: no dynamic fallback).
     """
@@ -45,6 +46,7 @@ class SAM2Base(Sam3TrackerBase):
         image_encoder: nn.Layer,
         memory_attention: nn.Layer,
         memory_encoder: nn.Layer,
+        sam_mlp_dim: int = 2048,
         num_maskmem: int = 7,
         image_size: int = 1024,
         backbone_stride: int = 16,
@@ -76,6 +78,7 @@ class SAM2Base(Sam3TrackerBase):
             image_size=image_size,
             backbone_stride=backbone_stride,
             hidden_dim=hidden_dim,
+            mlp_dim=sam_mlp_dim,
             sam_mask_decoder_extra_args=extra,
         )
         # SAM 2's two-way transformer keeps its MLP as sam2_utils.MLP (``mlp.layers.0/1``),

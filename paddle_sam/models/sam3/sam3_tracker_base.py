@@ -560,7 +560,18 @@ class Sam3TrackerBase(Sam3TrackerHeads):
                 high_res_features=high_res_features,
                 multimask_output=self._use_multimask(is_init_cond_frame, point_inputs),
             )
-        _, _, ious, low_res_masks, high_res_masks, obj_ptr, object_score_logits = sam_outputs
+        (
+            _,
+            high_res_multimasks,
+            ious,
+            low_res_masks,
+            high_res_masks,
+            obj_ptr,
+            object_score_logits,
+        ) = sam_outputs
+        # every output of the decoder and its IoU predictions, for training's loss
+        current_out["multimasks_high_res"] = high_res_multimasks
+        current_out["ious"] = ious
         current_out["pred_masks"] = low_res_masks
         current_out["pred_masks_high_res"] = high_res_masks
         current_out["obj_ptr"] = obj_ptr

@@ -36,13 +36,13 @@ class Sample:
     valid: np.ndarray  # S x S bool: inside the resized image
 
 
-def tie_decoder_qk(sam) -> None:
+def tie_decoder_qk(mask_decoder) -> None:
     """Set each mask-decoder attention's key projection to its query projection (a from-
     scratch initialisation: attention logits start as q(x) . q(y), a positive semi-definite
     kernel, so a point token attends to the image positions whose encoding matches its own)."""
     from ...models.sam_v1.transformer import Attention
 
-    for _, layer in sam.mask_decoder.named_sublayers():
+    for _, layer in mask_decoder.named_sublayers():
         if isinstance(layer, Attention):
             layer.k_proj.weight.set_value(layer.q_proj.weight.clone())
             layer.k_proj.bias.set_value(layer.q_proj.bias.clone())
@@ -195,7 +195,7 @@ class Trainer(TrainerBase):
         if cfg.model.checkpoint is not None:
             load_sam_weights(sam, cfg.model.checkpoint)
         elif cfg.model.tied_qk_init:
-            tie_decoder_qk(sam)
+            tie_decoder_qk(sam.mask_decoder)
         return sam
 
     def build_data(self) -> None:
