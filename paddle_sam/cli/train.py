@@ -185,6 +185,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.json:
             _write_result(Path(args.json), result)
         return 0
+    if family(args) == "sam2":
+        result = _eval_sam2(args)
+        if args.json:
+            _write_result(Path(args.json), result)
+        return 0
+    if args.format == "clips":
+        raise ValueError("--format clips is SAM 2's: give --model-type sam2 (or its --checkpoint)")
     args.format = args.format or "folder"
     if args.confidence_threshold is not None:
         raise ValueError("--confidence-threshold applies to --model-type sam3 only")
@@ -211,6 +218,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         _write_result(Path(args.json), result)
     return 0
+
+
+def _eval_sam2(args: argparse.Namespace) -> dict:
+    """SAM 2 on generated clips: every object seen on the first frame clicked once there,
+    tracked by the video predictor; mean IoU over objects and frames."""
+    from ..loading import load_video_predictor
+    from ..train.sam2.config import ClipSpec
+    from ..train.sam2.evaluate import evaluate_clips
+    from .common import source_of
+
+    fmt = args.format or "clips"
+    if fmt != "clips":
+        raise ValueError(f"--format {fmt}: SAM 2 is evaluated on generated clips (--format clips)")
+    if args.confidence_threshold is not None or args.styles is not None:
+        raise ValueError("--confidence-threshold and --styles apply to --model-type sam3 only")
+    source = source_of(args, "sam2")
+    predictor = load_video_predictor(source, kind="tracker")
+    clips = ClipSpec(seed=args.seed, num_frames=args.frames, sizes=[[320, 240]])
+    n = args.num_images or 30
+    result = evaluate_clips(predictor, clips, n, progress=not args.quiet)
+    result.update(clips=n, frames=args.frames, seed=args.seed, checkpoint=str(source.path))
+    print(
+        f"{result['objects']} objects in {n} clips of {args.frames} frames (seed {args.seed}): "
+        f"mean IoU {result['miou']:.4f}"
+    )
+    return result
 
 
 def _write_result(path: Path, result: dict) -> None:
@@ -261,17 +294,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser(
         "eval",
         help="SAM v1: held-out mIoU at 1 click, 3 clicks and with a box; SAM 3: box and mask "
-        "AP per concept",
+        "AP per concept; SAM 2: mean IoU of objects tracked through generated clips",
     )
     e.add_argument(
         "--data", default=None, help="dataset path (not for --format synthetic / concepts)"
     )
     e.add_argument(
         "--format",
-        choices=("coco", "sa1b", "folder", "synthetic", "concepts"),
+        choices=("coco", "sa1b", "folder", "synthetic", "concepts", "clips"),
         default=None,
-        help="default: folder (SAM v1), coco (SAM 3); synthetic: generated SAM v1 scenes, "
-        "concepts: generated SAM 3 concept scenes",
+        help="default: folder (SAM v1), coco (SAM 3), clips (SAM 2); synthetic: generated SAM "
+        "v1 scenes, concepts: generated SAM 3 concept scenes, clips: generated video clips "
+        "(320 x 240, --frames each; --num-images clips)",
     )
     e.add_argument(
         "--confidence-threshold",
@@ -295,10 +329,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="--format concepts: drawing styles, comma-separated, of "
         f"{','.join(CONCEPT_STYLES)} (default: flat, the original)",
     )
+    e.add_argument(
+        "--frames",
+        type=bounded(int, 2, 10_000),
+        default=12,
+        help="--format clips: frames per clip (default 12)",
+    )
     e.add_argument("--json", default=None, help="also write the result to this JSON file")
     e.add_argument("--overwrite", action="store_true")
     e.add_argument("--quiet", action="store_true")
-    add_model_args(e, families=("sam_v1", "sam3"))
+    add_model_args(e, families=("sam_v1", "sam2", "sam3"))
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("synth", help="write a synthetic segmentation dataset (coco, sa1b, folder)")

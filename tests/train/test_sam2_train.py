@@ -6,6 +6,7 @@ loads."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -213,5 +214,14 @@ def test_train_run_exports_a_model_the_video_predictor_loads(tmp_path, capsys):
     assert clip.masks[0].sum(axis=(1, 2)).max() >= 16
     ious = clip_miou(predictor, clip.frames, clip.masks, min_area=16)
     assert ious and all(0 <= v <= 1 for v in ious)
+    # paddle-sam eval on generated clips (the family read from the sidecar)
+    result = tmp_path / "heldout.json"
+    argv = ["eval", "--checkpoint", str(run / "model.pdparams"), "--num-images", "2"]
+    assert main([*argv, "--frames", "3", "--json", str(result), "--quiet"]) == 0
+    doc = json.loads(result.read_text())
+    assert doc["clips"] == 2 and doc["frames"] == 3 and 0 <= doc["miou"] <= 1
+    assert f"mean IoU {doc['miou']:.4f}" in capsys.readouterr().out
+    assert main([*argv, "--format", "coco", "--quiet"]) == 2
+    assert "SAM 2 is evaluated on generated clips" in capsys.readouterr().err
     # the same run again without --overwrite keeps the first one's files
     assert main(["train", str(config), "--quiet"]) == 2

@@ -241,7 +241,8 @@ class Sam2Trainer(TrainerBase):
     def micro_batch_loss(self, rng: np.random.Generator, n_images: int, micro: int):
         tc = self.cfg.train
         for attempt in range(20):
-            index = (self.step * tc.grad_accum + micro) * 20 + attempt
+            # a different clip for every step, micro-batch and process
+            index = ((self.step * tc.grad_accum + micro) * self.world + self.rank) * 20 + attempt
             clip = clip_for_step(self.cfg.data.train, rng, index)
             loss, stats = clip_loss(self.model, clip, rng, self.cfg)
             if loss is not None:
