@@ -42,15 +42,8 @@ demo: $(VENV)/.installed
 	@echo "      --checkpoint sam3.pdparams"
 	$(BIN)/paddle-sam segment paddle_sam/assets/example.png --text star -o $(DEMO)/text --overwrite
 	$(BIN)/python -m paddle_sam.train.example concept $(DEMO)/text --text star
-	@echo "NOTE: the default video model (paddle_sam/assets/sam2_tiny_clips.pdparams) is a small"
-	@echo "      SAM 2.1 trained only on generated clips of moving shapes (configs/sam2_tiny_clips.yaml);"
-	@echo "      real videos need official weights: paddle-sam download sam2.1_hiera_tiny"
-	$(BIN)/paddle-sam track paddle_sam/assets/example_clip.mp4 --point 0,115,222 \
-		-o $(DEMO)/track --overwrite --quiet
-	$(BIN)/python -m paddle_sam.train.example track $(DEMO)/track
 	@echo "demo outputs: $(DEMO)/segment/{mask,overlay}.png, result.json; $(DEMO)/everything/;"
-	@echo "              $(DEMO)/text/{masks/,overlay.png,annotations.json};"
-	@echo "              $(DEMO)/track/{overlay.mp4,results.json,masks/}"
+	@echo "              $(DEMO)/text/{masks/,overlay.png,annotations.json}"
 
 # the default model's recipe, three stages (each continues the previous one's model): about
 # 2.5 hours on this 2-core CPU; writes runs/sam_tiny_synthetic{,_stage2,_stage3}/

@@ -168,6 +168,22 @@ class TrainerBase:
     def export(self, metrics: dict) -> Path:
         raise NotImplementedError
 
+    def save_model(
+        self, family: str, model_type: str, model: paddle.nn.Layer, metrics: dict, **extra: Any
+    ) -> Path:
+        """``model``'s weights as the run's ``model.pdparams`` with its sidecar: ``family``,
+        ``model_type``, the run's spec (``self.spec``), ``extra`` fields and the training
+        record (:meth:`training_meta` of ``metrics``)."""
+        from ..convert.core import save_pdparams, sidecar_meta
+
+        dst = self.out / "model.pdparams"
+        state = {k: v.numpy() for k, v in model.state_dict().items()}
+        source = {"file": None, "sha256": None, "layout": "trained by paddle-sam train"}
+        training = self.training_meta(metrics)
+        meta = sidecar_meta(family, model_type, self.spec, source, **extra, training=training)
+        save_pdparams(state, dst, meta)
+        return dst
+
     def apply_stage(self) -> None:
         """Set which parameters train from this step on (default: all, set once)."""
 

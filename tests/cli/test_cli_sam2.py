@@ -265,10 +265,11 @@ def test_track_errors(files, video, work, capsys, tmp_path):
 
 
 def test_commands_without_sam2_refuse_it(files, work, capsys, tmp_path):
-    """eval runs SAM v1 or SAM 3: a SAM 2 checkpoint is a one-line error. (export takes SAM 2:
+    """eval takes SAM 2 on generated clips only (tests/train/test_sam2_train.py): a SAM 2
+    checkpoint with SAM v1's image sets is a one-line error. (export takes SAM 2:
     tests/export/test_export_sam2.py)"""
     _, ckpt = files
     assert run(["eval", "--checkpoint", ckpt, "--format", "synthetic", "--num-images", "1"]) == 2
     err = capsys.readouterr().err
-    assert "paddle-sam eval: error:" in err and "is a SAM 2 model" in err
+    assert "paddle-sam eval: error:" in err and "--format clips" in err
     assert "Traceback" not in err

@@ -14,7 +14,8 @@ from paddle_sam.loading.sam2 import DEFAULT_SAM2_MODEL
 from paddle_sam.train.example import EXAMPLE_CLIP, track_iou, write_example_clip
 
 needs_model = pytest.mark.skipif(
-    not DEFAULT_SAM2_MODEL.is_file(), reason="the default SAM 2 video model is not built"
+    not DEFAULT_SAM2_MODEL.is_file(),
+    reason="the default SAM 2 video model is not trained yet (make train-sam2-default)",
 )
 RECIPE = "configs/sam2_tiny_clips.yaml"
 
@@ -24,6 +25,7 @@ def demo_point() -> tuple[int, int]:
     return tuple(meta["objects"][0]["point"])
 
 
+@needs_model
 def test_make_demo_clicks_the_stored_point():
     from pathlib import Path
 
@@ -81,6 +83,15 @@ def test_demo_tracks_the_example_clip(tmp_path, capsys):
     assert example_main(["track", str(out), "--min", "0.7"]) == 0
     assert "object 1: mean IoU" in capsys.readouterr().out
     assert example_main(["track", str(out), "--min", "1.01"]) == 1
+
+
+@pytest.mark.skipif(DEFAULT_SAM2_MODEL.is_file(), reason="the default SAM 2 model is here")
+def test_track_without_the_bundled_model_names_its_recipe(tmp_path, capsys):
+    argv = ["track", str(EXAMPLE_CLIP), "--point", "0,115,222", "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no default SAM 2" in err and "make train-sam2-default" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_track_without_checkpoint_refuses_text(tmp_path, capsys):

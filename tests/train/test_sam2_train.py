@@ -179,6 +179,37 @@ def test_every_frame_is_supervised_through_the_memories(tmp_path):
     assert grad_norm(model.sam_mask_decoder.pred_obj_score_head) > 0
 
 
+def test_frame_loss_is_a_mean_over_pixels():
+    """The mask terms are means over the frame's pixels (a sum would scale the gradients with
+    the frame's area and leave clipping to throw the step away): zero logits on a frame
+    half covered by the object give focal 0.25 * ln 2 / 4 at any size; a present object's
+    terms count, an absent one's do not; the object score is trained either way."""
+    from paddle_sam.train.sam2.config import Sam2LossConfig
+    from paddle_sam.train.sam2.trainer import frame_losses
+
+    lc = Sam2LossConfig()
+    for size in (16, 64):
+        target = np.zeros((2, size, size), np.float32)
+        target[:, : size // 2] = 1
+        out = {
+            "multimasks_high_res": paddle.zeros([2, 3, size, size]),
+            "ious": paddle.full([2, 3], 0.5),
+            "object_score_logits": paddle.zeros([2, 1]),
+        }
+        present = paddle.to_tensor([1.0, 0.0])
+        loss, _, parts = frame_losses(out, paddle.to_tensor(target), present, lc)
+        # alpha 0.25 on the object's half, 0.75 on the background's: mean 0.5 * ln2 * 0.25
+        assert parts["focal"] == pytest.approx(0.5 * math.log(2) * 0.25, rel=1e-4)
+        assert parts["dice"] == pytest.approx(
+            1 - (2 * 0.5 * size * size / 2 + 1) / (0.5 * size * size + size * size / 2 + 1),
+            rel=1e-4,
+        )
+        assert parts["obj"] == pytest.approx(math.log(2), rel=1e-4)
+        mask_only = lc.focal_weight * parts["focal"] + lc.dice_weight * parts["dice"]
+        # IoU of empty predictions (logits 0 are not > 0) is 0: |0.5 - 0| per output
+        assert float(loss) == pytest.approx(mask_only + 0.5 + math.log(2), rel=1e-4)
+
+
 def test_clip_without_a_promptable_object_is_skipped(tmp_path):
     from paddle_sam.train.sam2.trainer import Sam2Trainer, clip_loss
 

@@ -21,7 +21,6 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ...convert.core import save_pdparams, sidecar_meta
 from ...predict.video import preprocess_frame
 from ..base import TrainerBase
 from ..clips import Clip, synthetic_clip
@@ -81,7 +80,8 @@ def frame_losses(out: dict, target: paddle.Tensor, present: paddle.Tensor, lc: A
     logits = out["multimasks_high_res"]  # B x C x S x S
     ious = out["ious"]  # B x C
     t = target.unsqueeze(1).expand_as(logits)
-    valid = paddle.ones([1, 1, 1, 1], dtype="float32")
+    # every pixel counts (the losses take means over the valid pixels of a padded frame)
+    valid = paddle.ones([1, 1, *logits.shape[-2:]], dtype="float32")
     focal = focal_loss(logits, t, valid, lc.focal_alpha, lc.focal_gamma)
     dice = dice_loss(logits, t, valid)
     per_output = lc.focal_weight * focal + lc.dice_weight * dice  # B x C
@@ -266,17 +266,8 @@ class Sam2Trainer(TrainerBase):
         return {"val_miou": result["miou"]}
 
     def export(self, metrics: dict) -> Path:
-        dst = self.out / "model.pdparams"
-        state = {k: v.numpy() for k, v in self.model.state_dict().items()}
-        meta = sidecar_meta(
-            "sam2",
-            self.cfg.run.model_name or self.cfg.model.type,
-            self.spec,
-            {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
-            training=self.training_meta(metrics),
-        )
-        save_pdparams(state, dst, meta)
-        return dst
+        model_type = self.cfg.run.model_name or self.cfg.model.type
+        return self.save_model("sam2", model_type, self.model, metrics)
 
     def plot(self, rows: list[dict]) -> None:
         fig, plt = self._figure(2)

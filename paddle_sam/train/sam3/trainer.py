@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import paddle
 
-from ...convert.core import save_pdparams, sidecar_meta
 from ...loading.sam3 import build_sam3_image_model
 from ..base import TrainerBase
 from ..data import SkipLog
@@ -262,22 +261,16 @@ class Sam3Trainer(TrainerBase):
         }
 
     def export(self, metrics: dict) -> Path:
-        dst = self.out / "model.pdparams"
-        model = self.merged_model()
-        state = {k: v.numpy() for k, v in model.state_dict().items()}
         summary = {k: v for k, v in metrics.items() if k != "per_concept"}
-        meta = sidecar_meta(
+        return self.save_model(
             "sam3",
             self.cfg.run.model_name or "sam3",
-            self.spec,
-            {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
+            self.merged_model(),
+            summary,
             interactive=False,
-            training=self.training_meta(summary),
             # the phrases it was trained on: what commands name when a prompt is not one of them
             vocabulary=sorted(set(self.train_data.categories.values())),
         )
-        save_pdparams(state, dst, meta)
-        return dst
 
     def plot(self, rows: list[dict]) -> None:
         fig, plt = self._figure(2)

@@ -17,7 +17,6 @@ import paddle
 import paddle.nn.functional as F
 from PIL import Image
 
-from ...convert.core import save_pdparams, sidecar_meta
 from ...loading.sam_v1 import build_sam, load_sam_weights
 from ...models.sam_v1.build_sam import SAM_SPECS, SamSpec
 from ...predict.sam_v1.transforms import ResizeLongestSide
@@ -296,17 +295,8 @@ class Trainer(TrainerBase):
 
     def export(self, metrics: dict) -> Path:
         """The final weights as a loadable ``model.pdparams`` with its sidecar."""
-        dst = self.out / "model.pdparams"
-        state = {k: v.numpy() for k, v in self.sam.state_dict().items()}
-        meta = sidecar_meta(
-            "sam_v1",
-            self.cfg.run.model_name or self.cfg.model.type,
-            self.spec,
-            {"file": None, "sha256": None, "layout": "trained by paddle-sam train"},
-            training=self.training_meta(metrics),
-        )
-        save_pdparams(state, dst, meta)
-        return dst
+        model_type = self.cfg.run.model_name or self.cfg.model.type
+        return self.save_model("sam_v1", model_type, self.sam, metrics)
 
     def plot(self, rows: list[dict]) -> None:
         fig, plt = self._figure(2)
