@@ -73,7 +73,7 @@ train-sam3-default: $(VENV)/.installed-train
 		--json runs/sam3_tiny_concepts_stage3/heldout_out_of_style.json --overwrite
 
 # the default video model's recipe: a small SAM 2.1 from scratch on generated clips, two
-# data-parallel processes (about 80 minutes on this 2-core CPU), then its held-out mean IoU on
+# data-parallel processes (about 55 minutes on this 2-core CPU), then its held-out mean IoU on
 # 30 generated clips of 12 frames it never saw (runs/sam2_tiny_clips/heldout.json)
 train-sam2-default: $(VENV)/.installed-train
 	$(BIN)/paddle-sam train configs/sam2_tiny_clips.yaml --nproc 2
