@@ -150,7 +150,8 @@ def test_track_errors(tmp_path, video, ckpt, capsys, work):
         (track(video, out, ckpt, "--point", "0,1,1", "--reverse", "--both-directions"), "combine"),
         (track(video, out, tmp_path / "none.pdparams", "--point", "0,1,1"), "not found"),
         (track(tmp_path / "none.mp4", out, ckpt, "--point", "0,1,1"), "none.mp4"),
-        (["track", video, "-o", out, "--point", "0,1,1"], "--checkpoint is required"),
+        # without --checkpoint clicks go to the bundled SAM 2 (tests/train/test_default_sam2.py)
+        (["track", video, "-o", out, "--text", "a dog"], "--text needs SAM 3's video model"),
     ]
     bad_video = tmp_path / "bad.mp4"
     bad_video.write_bytes(b"\x00not a video" * 50)
