@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -179,3 +180,16 @@ def read_clip_truth(path: str | Path) -> dict:
             [np.zeros((h, w), bool) if r is None else decode_coco_rle(r) for r in obj["masks"]]
         )
     return doc
+
+
+def _clip_size(rng: np.random.Generator, sizes: list[list[int]] | None) -> tuple[int, int]:
+    if not sizes:
+        return 256, 256
+    w, h = sizes[int(rng.integers(len(sizes)))]
+    return int(w), int(h)
+
+
+def clip_at(spec_data: Any, index: int) -> Clip:
+    """Clip ``index`` of a ``ClipSpec`` (a config's clip set: its seed, frames and sizes)."""
+    w, h = _clip_size(np.random.default_rng([spec_data.seed, index, 11]), spec_data.sizes)
+    return synthetic_clip(spec_data.seed, index, w, h, spec_data.num_frames)

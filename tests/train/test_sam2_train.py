@@ -128,7 +128,8 @@ def test_recipe_and_config_errors(tmp_path):
     assert cfg.family == "sam2" and cfg.model.spec["d_model"] == 128
     bad = {
         "prompts.box_prob=0.8": "point_prob \\+ box_prob must be <= 1",
-        "data.train.num_frames=1": "data.train.num_frames",
+        "data.train.num_frames=0": "data.train.num_frames",
+        "data.val.num_frames=1": "data.val.num_frames",
         "train.batch_size=2": "train.grad_accum",
         "model.type=sam2.1_hiera_huge": "model.type",
         "model.spec.mem_dim=48": "mem_dim must divide",
@@ -177,6 +178,22 @@ def test_every_frame_is_supervised_through_the_memories(tmp_path):
     assert grad_norm(model.memory_attention) > 0
     assert grad_norm(model.memory_encoder) > 0
     assert grad_norm(model.sam_mask_decoder.pred_obj_score_head) > 0
+
+
+def test_one_frame_clips_train_the_prompted_frame(tmp_path):
+    """A prompted-frame stage (clips of one frame, even with corrections asked for): a finite
+    loss, the prompted frame's IoU and no tracked frame."""
+    from paddle_sam.train.sam2.trainer import Sam2Trainer, clip_loss
+
+    cfg = load_config(
+        write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path, prompts={"correction_prob": 1.0}))
+    )
+    model = Sam2Trainer(cfg, progress=False).model
+    clip = synthetic_clip(1, 0, 64, 64, 1)
+    loss, stats = clip_loss(model, clip, np.random.default_rng(0), cfg)
+    assert math.isfinite(float(loss)) and float(loss) > 0
+    assert 0 <= stats["train_iou_first"] <= 1
+    assert stats["train_iou_track"] == 0.0
 
 
 def test_frame_loss_is_a_mean_over_pixels():

@@ -128,12 +128,12 @@ def validate_sam2(cfg: Sam2Config, where: str) -> None:
         check_at_least(
             {f"data.{name}.seed": spec.seed, f"data.{name}.num_clips": spec.num_clips}, 0, bad
         )
-        if spec.num_frames < 2:
-            bad(
-                f"data.{name}.num_frames",
-                spec.num_frames,
-                "must be >= 2 (a prompted frame, then tracking)",
-            )
+        # training clips of one frame are a prompted-frame stage (no tracking); judging a
+        # tracker needs frames to track
+        least = 1 if name == "train" else 2
+        if spec.num_frames < least:
+            why = "a prompted frame" if least == 1 else "a prompted frame, then tracking"
+            bad(f"data.{name}.num_frames", spec.num_frames, f"must be >= {least} ({why})")
         check_sizes(f"data.{name}.sizes", spec.sizes, bad)
     check_positive(
         {

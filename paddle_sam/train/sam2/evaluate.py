@@ -69,7 +69,7 @@ def evaluate_clips(model, clips: Any, num_clips: int, progress: bool = False) ->
     ``ClipSpec``: seed, frames, sizes); also per object in ``ious``."""
     from tqdm import tqdm
 
-    from .trainer import clip_at
+    from ..clips import clip_at
 
     predictor = model if hasattr(model, "init_state") else video_predictor_of(model)
     ious: list[float] = []

@@ -23,23 +23,10 @@ import paddle.nn.functional as F
 
 from ...predict.video import preprocess_frame
 from ..base import TrainerBase
-from ..clips import Clip, synthetic_clip
+from ..clips import Clip, clip_at
 from ..sam_v1.losses import dice_loss, focal_loss, mask_iou
 from ..sam_v1.trainer import tie_decoder_qk
 from .config import Sam2Config, model_spec
-
-
-def _clip_size(rng: np.random.Generator, sizes: list[list[int]] | None) -> tuple[int, int]:
-    if not sizes:
-        return 256, 256
-    w, h = sizes[int(rng.integers(len(sizes)))]
-    return int(w), int(h)
-
-
-def clip_at(spec_data: Any, index: int) -> Clip:
-    """Clip ``index`` of a ``ClipSpec`` (its seed, frames and sizes)."""
-    w, h = _clip_size(np.random.default_rng([spec_data.seed, index, 11]), spec_data.sizes)
-    return synthetic_clip(spec_data.seed, index, w, h, spec_data.num_frames)
 
 
 def clip_for_step(spec_data: Any, rng: np.random.Generator, step_index: int) -> Clip:
@@ -146,7 +133,9 @@ def clip_loss(model, clip: Clip, rng: np.random.Generator, cfg: Sam2Config) -> t
         }
     else:
         mask_inputs = paddle.to_tensor(target_np[0][:, None])
-    correct_at = int(rng.integers(1, t_frames)) if rng.random() < pc.correction_prob else -1
+    correct_at = -1  # a correction click on a later frame (clips of one frame have none)
+    if t_frames > 1 and rng.random() < pc.correction_prob:
+        correct_at = int(rng.integers(1, t_frames))
 
     output_dict: dict[str, dict] = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
     total = paddle.zeros([], dtype="float32")
