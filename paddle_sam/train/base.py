@@ -450,7 +450,10 @@ class TrainerBase:
                     "seconds": round(time.perf_counter() - t0, 2),
                 }
                 window = []
-                if eval_now and self.rank == 0:
+                if eval_now:
+                    # every process evaluates (the same work, in the same time): a process
+                    # left waiting at the barrier below while another evaluates alone fails
+                    # there (gloo's transport gives up after about half a minute)
                     final_eval = self.evaluate()
                     row.update({k: final_eval.get(k, "") for k in self.eval_fields})
                 rows.append(row)

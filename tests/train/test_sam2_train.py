@@ -196,6 +196,95 @@ def test_one_frame_clips_train_the_prompted_frame(tmp_path):
     assert stats["train_iou_track"] == 0.0
 
 
+def _tiny_sam_v1_teacher(path: Path, prompt_embed_dim: int = 32) -> Path:
+    """A random SAM v1 of the tiny SAM 2's input size (64 px, a 4 x 4 embedding), saved with
+    its sidecar as ``paddle-sam train`` saves one."""
+    from paddle_sam.convert.core import save_pdparams, sidecar_meta
+    from paddle_sam.models.sam_v1.build_sam import SamSpec, build_sam_model
+
+    spec = SamSpec(
+        encoder_embed_dim=16,
+        encoder_depth=1,
+        encoder_num_heads=1,
+        encoder_global_attn_indexes=(0,),
+        image_size=64,
+        prompt_embed_dim=prompt_embed_dim,
+        decoder_mlp_dim=64,
+        decoder_num_heads=2,
+        iou_head_hidden_dim=16,
+    )
+    paddle.seed(5)
+    state = {k: v.numpy() for k, v in build_sam_model(spec).state_dict().items()}
+    source = {"file": None, "sha256": None, "layout": "test"}
+    save_pdparams(state, path, sidecar_meta("sam_v1", "vit_test", spec, source))
+    return path
+
+
+def test_a_sam_v1_teacher_starts_the_heads_and_distils_the_encoder(tmp_path):
+    """``model.teacher``: the SAM heads start as the SAM v1 model's (the MLPs renamed, the
+    high-resolution skips at zero, the object score positive); the distillation term is the
+    mean squared distance between the features the heads read and the teacher's embedding of
+    the same frames, and with the mask terms off its gradient reaches the image encoder only.
+    A teacher of another width, a missing one, or distillation without one: errors naming it."""
+    from paddle_sam.loading.sam_v1 import load_sam
+    from paddle_sam.predict.video import preprocess_frame
+    from paddle_sam.train.sam2.trainer import Sam2Trainer, clip_loss
+
+    teacher_path = _tiny_sam_v1_teacher(tmp_path / "teacher.pdparams")
+    zero = {k: 0.0 for k in ("focal_weight", "dice_weight", "iou_weight", "object_weight")}
+    raw = tiny_config(
+        tmp_path,
+        model={"teacher": str(teacher_path), "tied_qk_init": False},
+        loss={**zero, "distill_weight": 1.0},
+    )
+    cfg = load_config(write_yaml(tmp_path / "c.yaml", raw))
+    trainer = Sam2Trainer(cfg, progress=False)
+    model, teacher = trainer.model, load_sam(teacher_path)
+    t_state, s_state = teacher.state_dict(), model.state_dict()
+    np.testing.assert_array_equal(
+        s_state["sam_prompt_encoder.pe_layer.positional_encoding_gaussian_matrix"].numpy(),
+        t_state["prompt_encoder.pe_layer.positional_encoding_gaussian_matrix"].numpy(),
+    )
+    np.testing.assert_array_equal(
+        s_state["sam_mask_decoder.transformer.layers.1.mlp.layers.0.weight"].numpy(),
+        t_state["mask_decoder.transformer.layers.1.mlp.lin1.weight"].numpy(),
+    )
+    np.testing.assert_array_equal(
+        s_state["sam_mask_decoder.output_hypernetworks_mlps.2.layers.1.bias"].numpy(),
+        t_state["mask_decoder.output_hypernetworks_mlps.2.layers.1.bias"].numpy(),
+    )
+    assert not s_state["sam_mask_decoder.conv_s0.weight"].numpy().any()
+    assert s_state["sam_mask_decoder.pred_obj_score_head.layers.2.bias"].numpy().tolist() == [2.0]
+
+    clip = synthetic_clip(1, 0, 64, 64, 2)
+    loss, stats = clip_loss(model, clip, np.random.default_rng(0), cfg, trainer.teacher)
+    images = paddle.to_tensor(np.stack([preprocess_frame(f, 64) for f in clip.frames]))
+    with paddle.no_grad():
+        want = paddle.nn.functional.mse_loss(
+            model.forward_image(images)["vision_features"], teacher.image_encoder(images)
+        )
+    assert stats["distill"] == pytest.approx(float(want), rel=1e-5)
+    assert float(loss) == pytest.approx(float(want), rel=1e-5)  # the mask terms are off
+    loss.backward()
+
+    def grad_sum(layer) -> float:
+        grads = [p.grad for p in layer.parameters() if p.grad is not None]
+        return float(sum(float(g.abs().sum()) for g in grads))
+
+    assert grad_sum(model.image_encoder.trunk) > 0
+    assert grad_sum(model.sam_mask_decoder.transformer) == 0
+    assert all(p.grad is None for p in trainer.teacher.parameters())
+
+    narrow = _tiny_sam_v1_teacher(tmp_path / "narrow.pdparams", prompt_embed_dim=16)
+    raw["model"]["teacher"] = str(narrow)
+    with pytest.raises(ValueError, match="prompt_embed_dim 16 differs from the model's d_model 32"):
+        Sam2Trainer(load_config(write_yaml(tmp_path / "n.yaml", raw)), progress=False)
+    with pytest.raises(ConfigError, match="needs model.teacher"):
+        load_config(RECIPE, ["model.teacher=null"])
+    with pytest.raises(FileNotFoundError, match="model.teacher file not found"):
+        load_config(RECIPE, [f"model.teacher={tmp_path / 'none.pdparams'}"])
+
+
 def test_frame_loss_is_a_mean_over_pixels():
     """The mask terms are means over the frame's pixels (a sum would scale the gradients with
     the frame's area and leave clipping to throw the step away): zero logits on a frame

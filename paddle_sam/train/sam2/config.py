@@ -36,6 +36,10 @@ class Sam2ModelConfig:
     # from scratch: the SAM decoder's attention starts with keys equal to queries (as SAM v1's
     # tiny model: a prompt point first attends to its own location)
     tied_qk_init: bool = False
+    # a SAM v1 model (.pdparams with its sidecar) of the same hidden width and input size: a
+    # model started from scratch takes its prompt encoder and mask decoder (where the layouts
+    # are the same), and its image encoder is the teacher of ``loss.distill_weight``
+    teacher: str | None = None
 
 
 @dataclass
@@ -74,6 +78,10 @@ class Sam2LossConfig:
     object_weight: float = 1.0
     focal_alpha: float = 0.25
     focal_gamma: float = 2.0
+    # mean squared distance between the image features the SAM heads read (the neck's coarsest
+    # level) and ``model.teacher``'s image embedding of the same frames (feature distillation,
+    # as MobileSAM's encoder is trained); 0: off
+    distill_weight: float = 0.0
 
 
 @dataclass
@@ -121,6 +129,9 @@ def validate_sam2(cfg: Sam2Config, where: str) -> None:
     except (TypeError, ValueError) as exc:
         bad("model.spec", cfg.model.spec, str(exc))
     check_path("model.checkpoint", cfg.model.checkpoint, where)
+    check_path("model.teacher", cfg.model.teacher, where)
+    if cfg.loss.distill_weight > 0 and cfg.model.teacher is None:
+        bad("loss.distill_weight", cfg.loss.distill_weight, "needs model.teacher (a SAM v1 model)")
     for name in ("train", "val"):
         spec = getattr(cfg.data, name)
         if spec is None:
@@ -162,7 +173,14 @@ def validate_sam2(cfg: Sam2Config, where: str) -> None:
     check_at_least(
         {
             f"loss.{k}": getattr(cfg.loss, k)
-            for k in ("focal_weight", "dice_weight", "iou_weight", "object_weight", "focal_gamma")
+            for k in (
+                "focal_weight",
+                "dice_weight",
+                "iou_weight",
+                "object_weight",
+                "focal_gamma",
+                "distill_weight",
+            )
         },
         0,
         bad,

@@ -10,6 +10,13 @@ prediction (a conditioning frame, as a user's correction is). Every frame is sup
 focal + dice on the best of the multimask outputs (or the single one), L1 between the
 predicted and the actual IoU of every output, and the object score against whether the object
 is seen on that frame (mask terms only where it is).
+
+Started from scratch, a model can take a trained SAM v1 of the same width as its teacher
+(``model.teacher``): the SAM heads start as the teacher's (SAM 2's heads are SAM v1's with an
+object-score token and high-resolution skips, which start at zero), and the image features the
+heads read are pulled towards the teacher's image embedding of the same frames
+(``loss.distill_weight``), so the heads understand clicks from the first step and the Hiera
+encoder learns from a dense target rather than from masks alone.
 """
 
 from __future__ import annotations
@@ -61,6 +68,46 @@ def _noisy_box(mask: np.ndarray, rng: np.random.Generator, noise: float) -> np.n
     return np.clip(box, 0, size)
 
 
+def init_heads_from_sam(model, sam) -> list[str]:
+    """Copy SAM v1 ``sam``'s prompt encoder and mask decoder into SAM 2 ``model``'s where the
+    names (``mlp.lin1`` / ``lin2`` are SAM 2's ``mlp.layers.0`` / ``1``) and shapes agree; the
+    high-resolution skips (``conv_s0``, ``conv_s1``) start at zero, so the decoder first computes
+    what SAM v1's does, and the object score starts positive (masks kept while it learns).
+    Returns the SAM 2 head parameters left as they were."""
+    if sam.prompt_encoder.embed_dim != model.sam_prompt_embed_dim:
+        raise ValueError(
+            f"model.teacher: its prompt_embed_dim {sam.prompt_encoder.embed_dim} differs from "
+            f"the model's d_model {model.sam_prompt_embed_dim}"
+        )
+    if sam.image_encoder.img_size != model.image_size:
+        raise ValueError(
+            f"model.teacher: its image_size {sam.image_encoder.img_size} differs from the "
+            f"model's {model.image_size}"
+        )
+    renamed = {".mlp.lin1.": ".mlp.layers.0.", ".mlp.lin2.": ".mlp.layers.1."}
+    source = {}
+    for k, v in sam.state_dict().items():
+        if k.startswith(("prompt_encoder.", "mask_decoder.")):
+            for old, new in renamed.items():
+                k = k.replace(old, new)
+            source["sam_" + k] = v
+    kept = []
+    with paddle.no_grad():
+        for name, param in model.state_dict().items():
+            if not name.startswith(("sam_prompt_encoder.", "sam_mask_decoder.")):
+                continue
+            if name in source and list(source[name].shape) == list(param.shape):
+                param.set_value(source[name])
+            elif name.startswith(("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")):
+                param.set_value(paddle.zeros_like(param))
+            else:
+                kept.append(name)
+        head = model.sam_mask_decoder.pred_obj_score_head
+        last = head.layers[-1] if hasattr(head, "layers") else head
+        last.bias.set_value(paddle.full_like(last.bias, 2.0))
+    return kept
+
+
 def frame_losses(out: dict, target: paddle.Tensor, present: paddle.Tensor, lc: Any) -> tuple:
     """One frame's loss for ``B`` objects: ``target`` ``B x S x S`` (0/1), ``present`` ``B``
     (0/1). Returns (loss, IoU of the supervised mask per object, its parts)."""
@@ -92,10 +139,13 @@ def frame_losses(out: dict, target: paddle.Tensor, present: paddle.Tensor, lc: A
     return loss, best_iou, parts
 
 
-def clip_loss(model, clip: Clip, rng: np.random.Generator, cfg: Sam2Config) -> tuple[Any, dict]:
+def clip_loss(
+    model, clip: Clip, rng: np.random.Generator, cfg: Sam2Config, teacher=None
+) -> tuple[Any, dict]:
     """The loss of tracking ``clip``'s objects (see the module's docstring) and statistics:
     the mean loss parts, ``train_iou_first`` (the prompted frame) and ``train_iou_track`` (the
-    tracked frames, objects seen there)."""
+    tracked frames, objects seen there); ``teacher`` (a SAM v1 model) adds the distillation
+    term of ``loss.distill_weight``."""
     size = model.image_size
     dc, pc, lc = cfg.data, cfg.prompts, cfg.loss
     t_frames = clip.frames.shape[0]
@@ -109,8 +159,14 @@ def clip_loss(model, clip: Clip, rng: np.random.Generator, cfg: Sam2Config) -> t
     b = len(objs)
     target_np = _resize_masks(clip.masks[:, objs], size)  # T x B x S x S
     present_np = (target_np.reshape(t_frames, b, -1).sum(-1) > 0).astype(np.float32)
-    images = np.stack([preprocess_frame(f, size) for f in clip.frames])
-    backbone_out = model.forward_image(paddle.to_tensor(images))
+    images = paddle.to_tensor(np.stack([preprocess_frame(f, size) for f in clip.frames]))
+    backbone_out = model.forward_image(images)
+    distill = None
+    if teacher is not None and lc.distill_weight > 0:
+        # SAM v1 normalises as SAM 2 does (ImageNet mean and std): the same input tensor
+        with paddle.no_grad():
+            target_embed = teacher.image_encoder(images)
+        distill = F.mse_loss(backbone_out["vision_features"], target_embed)
     _, feats, pos, sizes = model._prepare_backbone_features(backbone_out)
 
     def frame_feats(t: int) -> tuple[list, list]:
@@ -202,13 +258,17 @@ def clip_loss(model, clip: Clip, rng: np.random.Generator, cfg: Sam2Config) -> t
             tracked.extend(ious[seen].tolist())
     stats["train_iou_first"] = first_iou
     stats["train_iou_track"] = float(np.mean(tracked)) if tracked else 0.0
-    return total / t_frames, stats
+    total = total / t_frames
+    if distill is not None:
+        stats["distill"] = float(distill)
+        total = total + lc.distill_weight * distill
+    return total, stats
 
 
 class Sam2Trainer(TrainerBase):
     """SAM 2's video tracker on synthetic clips (see the module's docstring)."""
 
-    metric_fields = ("focal", "dice", "obj", "train_iou_first", "train_iou_track")
+    metric_fields = ("focal", "dice", "obj", "distill", "train_iou_first", "train_iou_track")
     eval_fields = ("val_miou",)
 
     def build_model(self):
@@ -218,8 +278,18 @@ class Sam2Trainer(TrainerBase):
         cfg = self.cfg
         self.spec = model_spec(cfg.model)
         model = build_sam2_model(self.spec)
+        self.teacher = None
+        if cfg.model.teacher is not None:
+            from ...loading.sam_v1 import load_sam
+
+            self.teacher = load_sam(cfg.model.teacher)
+            self.teacher.eval()
+            for p in self.teacher.parameters():
+                p.stop_gradient = True
         if cfg.model.checkpoint is not None:
             load_sam2_weights(model, cfg.model.checkpoint)
+        elif self.teacher is not None:
+            init_heads_from_sam(model, self.teacher)
         elif cfg.model.tied_qk_init:
             tie_decoder_qk(model.sam_mask_decoder)
         return model
@@ -233,7 +303,7 @@ class Sam2Trainer(TrainerBase):
             # a different clip for every step, micro-batch and process
             index = ((self.step * tc.grad_accum + micro) * self.world + self.rank) * 20 + attempt
             clip = clip_for_step(self.cfg.data.train, rng, index)
-            loss, stats = clip_loss(self.model, clip, rng, self.cfg)
+            loss, stats = clip_loss(self.model, clip, rng, self.cfg, self.teacher)
             if loss is not None:
                 return loss / n_images, {k: v / n_images for k, v in stats.items()}
         raise ValueError("20 clips in a row had no object to prompt (data.min_area too large?)")
