@@ -499,7 +499,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "or SAM 3's tracker), or every instance of a concept (--text, SAM 3's dense video "
         "model), through a video: per-object mask PNGs, a YouTube-VIS style results.json and "
         "an overlay MP4. The model family is read from --checkpoint; without one, clicks, boxes "
-        "and masks are tracked by the bundled small SAM 2.1 (generated shapes only).",
+        "and masks are tracked by the default small SAM 2.1 (generated shapes only) where the "
+        "install has it (make train-sam2-default trains it).",
     )
     s.add_argument("video", help="a video file (MP4, MOV, AVI, MKV, WEBM) or a folder of frames")
     s.add_argument(

@@ -18,6 +18,7 @@ needs_model = pytest.mark.skipif(
     reason="the default SAM 2 video model is not trained yet (make train-sam2-default)",
 )
 RECIPE = "configs/sam2_tiny_clips.yaml"
+STAGE2 = "configs/sam2_tiny_clips_stage2.yaml"
 
 
 def demo_point() -> tuple[int, int]:
@@ -59,8 +60,13 @@ def test_default_sam2_is_small_and_described():
     cfg = yaml.safe_load(open(RECIPE))
     sizes = {**SAM2_SPECS[cfg["model"]["type"]].to_dict(), **cfg["model"]["spec"]}
     assert Sam2Spec.from_dict(meta["spec"]) == Sam2Spec.from_dict(sizes)
+    # two stages: the image encoder distilled from the bundled SAM v1, then tracking clips
+    stage2 = yaml.safe_load(open(STAGE2))
+    assert stage2["model"]["spec"] == cfg["model"]["spec"]
+    steps = cfg["train"]["steps"], stage2["train"]["steps"]
     training = meta["training"]
-    assert training["recipe"] == f"{RECIPE} ({cfg['train']['steps']} steps)"
+    assert training["recipe"] == [f"{RECIPE} ({steps[0]} steps)", f"{STAGE2} ({steps[1]} steps)"]
+    assert training["total_steps"] == sum(steps)
     assert training["world_size"] == 2 and 0 < training["val_miou"] <= 1
 
 
@@ -85,12 +91,20 @@ def test_demo_tracks_the_example_clip(tmp_path, capsys):
     assert example_main(["track", str(out), "--min", "1.01"]) == 1
 
 
-@pytest.mark.skipif(DEFAULT_SAM2_MODEL.is_file(), reason="the default SAM 2 model is here")
-def test_track_without_the_bundled_model_names_its_recipe(tmp_path, capsys):
+def test_track_without_the_bundled_model_names_its_recipe(tmp_path, capsys, monkeypatch):
+    """An install without the file (a wheel built without assets, a deleted file): the
+    command stops before writing and names the recipe."""
+    import dataclasses
+
+    from paddle_sam.loading import registry
+
+    gone = dataclasses.replace(registry.FAMILIES["sam2"], default=tmp_path / "sam2_gone.pdparams")
+    monkeypatch.setitem(registry.FAMILIES, "sam2", gone)
     argv = ["track", str(EXAMPLE_CLIP), "--point", "0,115,222", "-o", str(tmp_path / "o")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "no default SAM 2" in err and "make train-sam2-default" in err
+    assert "sam2_gone.pdparams" in err
     assert not (tmp_path / "o").exists()
 
 
