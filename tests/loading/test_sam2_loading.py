@@ -155,12 +155,8 @@ def test_bundled_model_and_released_sizes_without_weights(tmp_path):
     from paddle_sam.loading.sam2 import DEFAULT_SAM2_MODEL
 
     assert FAMILIES["sam2"].default == DEFAULT_SAM2_MODEL
-    if DEFAULT_SAM2_MODEL.is_file():
-        source = resolve(family="sam2")
-        assert source.path == DEFAULT_SAM2_MODEL and source.family == "sam2"
-    else:  # not trained yet: the error names its recipe
-        with pytest.raises(ValueError, match="no default SAM 2.*make train-sam2-default"):
-            resolve(family="sam2")
+    source = resolve(family="sam2")
+    assert source.path == DEFAULT_SAM2_MODEL and source.family == "sam2"
     with pytest.raises(ValueError, match="sam2.1_hiera_tiny needs its weights.*download sam2.1"):
         resolve(model_type="sam2.1_hiera_tiny")
     # the other families keep theirs

@@ -34,7 +34,6 @@ from tests.serve.test_e2e_browser_video import (
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not DEFAULT_SAM2_MODEL.is_file(), reason="no bundled SAM 2 model"),
     pytest.mark.filterwarnings(
         "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
     ),

@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import yaml
 
 from paddle_sam.cli import main
 from paddle_sam.loading.sam2 import DEFAULT_SAM2_MODEL
 from paddle_sam.train.example import EXAMPLE_CLIP, track_iou, write_example_clip
 
-needs_model = pytest.mark.skipif(
-    not DEFAULT_SAM2_MODEL.is_file(),
-    reason="the default SAM 2 video model is not trained yet (make train-sam2-default)",
-)
 RECIPE = "configs/sam2_tiny_clips.yaml"
 STAGE2 = "configs/sam2_tiny_clips_stage2.yaml"
 
@@ -26,7 +21,6 @@ def demo_point() -> tuple[int, int]:
     return tuple(meta["objects"][0]["point"])
 
 
-@needs_model
 def test_make_demo_clicks_the_stored_point():
     from pathlib import Path
 
@@ -50,7 +44,6 @@ def test_example_clip_is_the_generator_s(tmp_path):
     assert EXAMPLE_CLIP.stat().st_size < 1 << 20
 
 
-@needs_model
 def test_default_sam2_is_small_and_described():
     from paddle_sam.models.sam2.build_sam import SAM2_SPECS, Sam2Spec
 
@@ -70,7 +63,6 @@ def test_default_sam2_is_small_and_described():
     assert training["world_size"] == 2 and 0 < training["val_miou"] <= 1
 
 
-@needs_model
 def test_demo_tracks_the_example_clip(tmp_path, capsys):
     """The same command as `make demo`: one click on frame 0, no --checkpoint (the bundled
     model, with a notice), the ring followed through the 36 frames."""
