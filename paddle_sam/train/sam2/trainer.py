@@ -68,12 +68,12 @@ def _noisy_box(mask: np.ndarray, rng: np.random.Generator, noise: float) -> np.n
     return np.clip(box, 0, size)
 
 
-def init_heads_from_sam(model, sam) -> list[str]:
+def init_heads_from_sam(model, sam) -> None:
     """Copy SAM v1 ``sam``'s prompt encoder and mask decoder into SAM 2 ``model``'s where the
     names (``mlp.lin1`` / ``lin2`` are SAM 2's ``mlp.layers.0`` / ``1``) and shapes agree; the
     high-resolution skips (``conv_s0``, ``conv_s1``) start at zero, so the decoder first computes
-    what SAM v1's does, and the object score starts positive (masks kept while it learns).
-    Returns the SAM 2 head parameters left as they were."""
+    what SAM v1's does, and the object score starts positive (masks kept while it learns); the
+    rest (the object-score token and head, the IoU head of another width) stay as built."""
     if sam.prompt_encoder.embed_dim != model.sam_prompt_embed_dim:
         raise ValueError(
             f"model.teacher: its prompt_embed_dim {sam.prompt_encoder.embed_dim} differs from "
@@ -91,7 +91,6 @@ def init_heads_from_sam(model, sam) -> list[str]:
             for old, new in renamed.items():
                 k = k.replace(old, new)
             source["sam_" + k] = v
-    kept = []
     with paddle.no_grad():
         for name, param in model.state_dict().items():
             if not name.startswith(("sam_prompt_encoder.", "sam_mask_decoder.")):
@@ -100,12 +99,9 @@ def init_heads_from_sam(model, sam) -> list[str]:
                 param.set_value(source[name])
             elif name.startswith(("sam_mask_decoder.conv_s0.", "sam_mask_decoder.conv_s1.")):
                 param.set_value(paddle.zeros_like(param))
-            else:
-                kept.append(name)
         head = model.sam_mask_decoder.pred_obj_score_head
         last = head.layers[-1] if hasattr(head, "layers") else head
         last.bias.set_value(paddle.full_like(last.bias, 2.0))
-    return kept
 
 
 def frame_losses(out: dict, target: paddle.Tensor, present: paddle.Tensor, lc: Any) -> tuple:
