@@ -37,14 +37,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     import yaml
 
-    if getattr(cfg, "family", "sam_v1") == "sam3":
-        from ..train.sam3.trainer import Sam3Trainer as Trainer
-    elif getattr(cfg, "family", "sam_v1") == "sam2":
-        from ..train.sam2.trainer import Sam2Trainer as Trainer
-    else:
-        from ..train.sam_v1.trainer import Trainer
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-    trainer = Trainer(
+    trainer = _trainer_class(cfg)(
         cfg,
         resume=args.resume,
         overwrite=args.overwrite,
@@ -67,12 +61,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trainer_class(cfg) -> type:
+    family = getattr(cfg, "family", "sam_v1")
+    if family == "sam3":
+        from ..train.sam3.trainer import Sam3Trainer as Trainer
+    elif family == "sam2":
+        from ..train.sam2.trainer import Sam2Trainer as Trainer
+    else:
+        from ..train.sam_v1.trainer import Trainer
+    return Trainer
+
+
 def _launch(args: argparse.Namespace) -> int:
     """Re-run this command under ``python -m paddle.distributed.launch`` (gloo on CPU), each
-    process running ``launch_entry.py`` next to this file."""
+    process running ``launch_entry.py`` next to this file; the data the run generates is
+    written here first (the processes would wait for it at a barrier that times out)."""
     from ..train.families import load_config
 
     cfg = load_config(args.config, args.set)  # fail fast, before starting processes
+    for written in _trainer_class(cfg).prepare_data(cfg):
+        print(f"wrote the generated data {written} before starting the processes", flush=True)
     entry = Path(__file__).resolve().parent / "launch_entry.py"
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.nproc)
     cmd = [

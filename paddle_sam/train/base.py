@@ -70,11 +70,19 @@ class TrainerBase:
     Subclasses set ``metric_fields`` (the CSV columns after ``step``, ``lr``, ``loss``) and
     implement :meth:`build_model`, :meth:`build_data`, :meth:`micro_batch_loss`,
     :meth:`spec_dict`, :meth:`evaluate`, :meth:`export`; optionally :meth:`apply_stage`
-    (which parameters train at this step), :meth:`no_decay`, :meth:`row`, :meth:`plot`.
+    (which parameters train at this step), :meth:`no_decay`, :meth:`row`, :meth:`plot`,
+    :meth:`prepare_data`.
     """
 
     metric_fields: tuple[str, ...] = ()
     eval_fields: tuple[str, ...] = ()
+
+    @classmethod
+    def prepare_data(cls, cfg: Any) -> list[Path]:
+        """Write the data a run generates on disk, before any process of it starts (``paddle-sam
+        train --nproc N`` calls it once, in the launching process: processes waiting at a
+        barrier while one of them writes for minutes time out). Returns what it wrote."""
+        return []
 
     def __init__(
         self,

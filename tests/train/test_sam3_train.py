@@ -20,6 +20,7 @@ import pytest
 from paddle_sam.cli import main
 from paddle_sam.train.config import ConfigError
 from paddle_sam.train.families import load_config
+from paddle_sam.train.sam3.trainer import Sam3Trainer
 from tests.helpers.specs import tiny_sam3_spec
 from tests.helpers.train_runs import losses_of, write_yaml
 
@@ -123,7 +124,6 @@ def test_train_run_and_eval(tmp_path, capsys):
 def test_resume_continues_exactly(tmp_path):
     """Stopped after a checkpoint at step 2 and resumed: steps 3 and 4 (dropout on, seeded
     per step) equal the uninterrupted run's."""
-    from paddle_sam.train.sam3.trainer import Sam3Trainer
 
     a = write_yaml(tmp_path / "a.yaml", tiny_config(tmp_path / "a", data={"val": None}))
     assert main(["train", str(a), "--quiet"]) == 0
@@ -161,7 +161,12 @@ def test_two_processes_equal_one_with_the_doubled_batch(tmp_path):
 
     one = write_yaml(tmp_path / "one.yaml", cfg(tmp_path / "one", 2))
     assert main(["train", str(one), "--quiet"]) == 0
-    two = write_yaml(tmp_path / "two.yaml", cfg(tmp_path / "two", 1))
+    # its own copy of the same scenes (a pure function of the seed), which the launching
+    # process writes before it starts the two (waiting at a barrier while one of them wrote
+    # thousands of scenes timed out)
+    c2 = cfg(tmp_path / "two", 1)
+    c2["data"]["train"]["path"] = str(tmp_path / "shared_train_2")
+    two = write_yaml(tmp_path / "two.yaml", c2)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "paddle_sam", "train", str(two), "--nproc", "2", "--quiet"],
@@ -174,6 +179,7 @@ def test_two_processes_equal_one_with_the_doubled_batch(tmp_path):
     run = tmp_path / "two" / "run"
     logs = "".join(p.read_text() for p in sorted((run / "launch_logs").glob("workerlog.*")))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs[-3000:]
+    assert f"wrote the generated data {tmp_path / 'shared_train_2'} before" in proc.stdout
     assert json.loads((run / "ranks.json").read_text())["agree"]
     w1 = weights(tmp_path / "one" / "run" / "model.pdparams")
     w2 = weights(run / "model.pdparams")
@@ -188,6 +194,17 @@ def test_two_processes_equal_one_with_the_doubled_batch(tmp_path):
         [np.isclose(w2[k], v, rtol=1e-4, atol=1e-6).ravel() for k, v in w1.items()]
     )
     assert close.mean() > 0.99, close.mean()
+
+
+def test_generated_data_is_written_once_before_the_processes(tmp_path):
+    """What ``--nproc N`` writes before starting its processes: the run's concept scenes that
+    are not on disk yet (train and val), and nothing the second time."""
+    cfg = load_config(write_yaml(tmp_path / "c.yaml", tiny_config(tmp_path / "c")))
+    written = Sam3Trainer.prepare_data(cfg)
+    assert written == [tmp_path / "c" / "train", tmp_path / "c" / "val"]
+    assert len(list((tmp_path / "c" / "train" / "images").glob("*.png"))) == 4
+    assert len(json.loads((tmp_path / "c" / "val" / "annotations.json").read_text())["images"]) == 2
+    assert Sam3Trainer.prepare_data(cfg) == []
 
 
 def test_train_from_a_checkpoint(tmp_path):
@@ -212,7 +229,6 @@ def test_train_from_a_checkpoint(tmp_path):
     record = json.loads(model_b.with_name("model.pdparams.json").read_text())["training"]
     stages = [f"{tmp_path / 'a.yaml'} (1 steps)", f"{tmp_path / 'b.yaml'} (1 steps)"]
     assert record["recipe"] == stages and record["steps"] == 1 and record["total_steps"] == 2
-    from paddle_sam.train.sam3.trainer import Sam3Trainer
 
     t = Sam3Trainer(load_config(tmp_path / "b.yaml"), progress=False, overwrite=True)
     assert t.spec == tiny_sam3_spec()

@@ -82,6 +82,20 @@ def lr_scales(model: Any, oc: Any) -> dict[str, float]:
 DENOISE_METRICS = ("loss_ce_dn", "loss_bbox_dn", "loss_giou_dn", "loss_dice_dn")
 
 
+def _write_concepts(spec: Any) -> Path | None:
+    """Write ``spec``'s synthetic concept scenes into its ``path`` unless they are there (its
+    ``annotations.json``, written last); None when nothing was written."""
+    if spec is None or spec.format != "concepts":
+        return None
+    if (Path(spec.path) / "annotations.json").is_file():
+        return None
+    from ..synthetic import write_concept_dataset
+
+    return write_concept_dataset(
+        spec.path, spec.num_images, spec.seed, spec.sizes, overwrite=True, styles=spec.styles
+    )
+
+
 class Sam3Trainer(TrainerBase):
     """SAM 3 on concept datasets (:class:`~.config.Sam3Config`)."""
 
@@ -158,16 +172,17 @@ class Sam3Trainer(TrainerBase):
 
     # -- data --
 
+    @classmethod
+    def prepare_data(cls, cfg: Any) -> list[Path]:
+        """The concept datasets of ``cfg`` (train and val) that are not on disk yet, written."""
+        return [p for spec in (cfg.data.train, cfg.data.val) if (p := _write_concepts(spec))]
+
     def _dataset(self, spec: Any, train: bool) -> ConceptDataset:
         cfg = self.cfg
         path = Path(spec.path)
         if spec.format == "concepts":
-            if self.rank == 0 and not (path / "annotations.json").is_file():
-                from ..synthetic import write_concept_dataset
-
-                write_concept_dataset(
-                    path, spec.num_images, spec.seed, spec.sizes, overwrite=True, styles=spec.styles
-                )
+            if self.rank == 0:
+                _write_concepts(spec)
             self._barrier()
         resolution = int(self.spec.image_size)
         min_size = cfg.data.min_size or min(480, resolution // 2)
