@@ -16,10 +16,15 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
-# test install: the runtime plus torch, segment-anything, sam3, sam2 (references only), pytest,
-# ruff; sam2 is a source distribution: SAM2_BUILD_CUDA=0 builds it without its CUDA extension
+# test install: the runtime plus torch, segment-anything, sam3, sam2, samexporter (references
+# only), pytest, ruff; sam2 is a source distribution: SAM2_BUILD_CUDA=0 builds it without its
+# CUDA extension; samexporter (its SAM 3 ONNX Runtime client, the peer our samexporter export is
+# tested with) comes without its dependencies: it pins torch 2.10 and onnx 1.20.1 against our
+# pins, and the client needs only numpy, opencv, onnxruntime, ftfy and regex, all in the test
+# install
 $(VENV)/.installed-test: pyproject.toml constraints-test.txt | $(BIN)/python
 	SAM2_BUILD_CUDA=0 $(BIN)/pip install --quiet -c constraints-test.txt -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps samexporter==0.5.0
 	touch $@ $(VENV)/.installed
 
 # training install: the runtime plus pyyaml and matplotlib

@@ -1,5 +1,6 @@
 """``paddle-sam export``: PIR static programs (or ONNX) for SAM v1 and SAM 3; SAM 2's image
-encoder and (``--format onnx``) SAM 3's vision backbone to ONNX for OpenVINO."""
+encoder and (``--format onnx``) SAM 3's vision backbone to ONNX for OpenVINO; (``--format
+samexporter``) SAM 3's image model as the samexporter package's three ONNX files."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     args.format = args.format or "pir"
     if fam == "sam3":
         return _export_sam3(args)
+    if args.format == "samexporter":
+        raise ValueError(
+            "--format samexporter is SAM 3's (samexporter's SAM 3 layout); SAM v1's --format "
+            "onnx already has the official SAM ONNX interface that samexporter's SAM client reads"
+        )
     if args.fused_attention is not None:
         raise ValueError("--fused-attention applies to SAM 3 exports only")
     onnx_options = _check_onnx_options(args)
@@ -103,6 +109,8 @@ def _export_sam3(args: argparse.Namespace) -> int:
     from ..export.sam3 import export_sam3, export_sam3_onnx
     from ..loading import load_model as load
 
+    if args.format == "samexporter":
+        return _export_sam3_samexporter(args)
     if args.format == "onnx":
         given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
         if args.fused_attention is not None:
@@ -140,6 +148,33 @@ def _export_sam3(args: argparse.Namespace) -> int:
     print(
         f"exported (pir) -> {Path(args.output)}/ (backbone, text_encoder, prompt_decoder "
         f".{{json,pdiparams}}, export.json) in {time.perf_counter() - t:.1f}s"
+    )
+    return 0
+
+
+def _export_sam3_samexporter(args: argparse.Namespace) -> int:
+    """``export --format samexporter``: SAM 3's image model as the three ONNX files that the
+    samexporter package's client (``SegmentAnything3ONNX``) runs on ONNX Runtime."""
+    from ..export.onnx import _paddle2onnx
+    from ..export.sam3 import export_sam3_samexporter
+    from ..loading import load_model as load
+
+    given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
+    if args.fused_attention is not None:
+        given.append("--fused-attention")
+    if given:
+        raise ValueError(f"{', '.join(given)}: not options of --format samexporter")
+    _paddle2onnx()  # a missing extra is named before the model is loaded
+    model = load(source_of(args, "sam3"))
+    t = time.perf_counter()
+    files = export_sam3_samexporter(model, args.output, overwrite=args.overwrite)
+    names = ", ".join(f.name for f in files.values())
+    print(
+        f"exported (samexporter) -> {Path(args.output)}/ ({names}) in "
+        f"{time.perf_counter() - t:.1f}s; run them with samexporter's client, e.g. python -m "
+        f"samexporter.inference --sam_variant sam3 --encoder_model {files['image_encoder']} "
+        f"--decoder_model {files['decoder']} --language_encoder_model "
+        f"{files['language_encoder']} --image IMAGE --prompt PROMPT.json --text_prompt TEXT"
     )
     return 0
 
@@ -191,13 +226,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     x.add_argument("-o", "--output", required=True, help="output folder")
     x.add_argument(
         "--format",
-        choices=["pir", "onnx"],
+        choices=["pir", "onnx", "samexporter"],
         default=None,
         help="pir: Paddle Inference programs (the default for SAM v1 and SAM 3); onnx: SAM "
         "v1's image_encoder.onnx and prompt_decoder.onnx via paddle2onnx (the onnx extra), the "
         "decoder with the official SAM ONNX interface; SAM 3's vision_backbone.onnx for "
         "OpenVINO (the rest runs on Paddle); SAM 2's image_encoder.onnx for OpenVINO (its "
-        "only format)",
+        "only format); samexporter: SAM 3's image model as samexporter's three ONNX files "
+        "(sam3_image_encoder.onnx, sam3_language_encoder.onnx, sam3_decoder.onnx) for its ONNX "
+        "Runtime client and the tools reading that layout",
     )
     x.add_argument("--overwrite", action="store_true")
     x.add_argument(

@@ -15,6 +15,7 @@ as upstream's ``--quantize-out``).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -335,6 +336,7 @@ def _finish_graph(
     model = onnx.load(str(path))
     graph = model.graph
     constants_to_initializers(graph)
+    _roi_align_unaligned(graph)
     got = [o.name for o in graph.output]
     if len(got) != len(outputs):
         raise RuntimeError(
@@ -371,6 +373,24 @@ def _finish_graph(
     onnx.checker.check_model(str(dst))  # by path: the weights are read from the file
 
 
+def _roi_align_unaligned(graph) -> None:
+    """Give each ``RoiAlign`` node of ``graph`` the coordinate mode of ``aligned=False``
+    (``output_half_pixel``), the only one this package's models use (SAM 3's box pooling, as
+    torchvision's default upstream uses). paddle2onnx 2.1.0 writes no mode, and ONNX's
+    default since opset 16 is ``half_pixel`` (``aligned=True``): boxes were pooled half a
+    cell off, and SAM 3's box prompts scored differently on ONNX Runtime."""
+    from onnx import helper
+
+    for node in graph.node:
+        if node.op_type != "RoiAlign":
+            continue
+        if any(a.name == "coordinate_transformation_mode" for a in node.attribute):
+            continue
+        node.attribute.append(
+            helper.make_attribute("coordinate_transformation_mode", "output_half_pixel")
+        )
+
+
 def _convert(p2o, src: Path, prog: str, dst: Path, opset: int) -> None:
     """paddle2onnx one saved PIR program ``src / prog`` into ``dst``."""
     # "onnxoptimizer": the default tool (polygraphy) pip-installs packages at run time
@@ -384,6 +404,52 @@ def _convert(p2o, src: Path, prog: str, dst: Path, opset: int) -> None:
     )
     if not dst.is_file() or dst.stat().st_size == 0:  # paddle2onnx logs, not raises
         raise RuntimeError(f"paddle2onnx could not convert the {prog} program (opset {opset})")
+    epsilons = _group_norm_epsilons(json.loads((src / f"{prog}.json").read_text()))
+    if epsilons:
+        import onnx
+
+        model = onnx.load(str(dst))
+        _instance_norm_epsilons(model.graph, epsilons, prog)
+        onnx.save(model, str(dst))
+
+
+def _group_norm_epsilons(program: dict) -> list[float]:
+    """The ``epsilon`` of every ``group_norm`` op of a saved PIR program, in program order."""
+    found: list[float] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if node.get("#", "").endswith(".group_norm"):
+                attrs = {a.get("N"): a.get("AT", {}).get("D") for a in node.get("A", [])}
+                found.append(float(attrs["epsilon"]))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(program)
+    return found
+
+
+def _instance_norm_epsilons(graph, epsilons: list[float], prog: str) -> None:
+    """Write the GroupNorm epsilons into the ``InstanceNormalization`` nodes paddle2onnx
+    converts ``group_norm`` to. paddle2onnx 2.1.0 reads the PIR attribute (a double) as a
+    float and fails, leaving the value uninitialised: each export got a different epsilon
+    (seen: -3.5e24, 1.4e-45, 5.9e-7), and SAM 3's masks differed between two exports of one
+    model. Matched in order: paddle2onnx writes the nodes in the program's order."""
+    from onnx import helper
+
+    nodes = [n for n in graph.node if n.op_type == "InstanceNormalization"]
+    if len(nodes) != len(epsilons):
+        raise RuntimeError(
+            f"the {prog} program has {len(epsilons)} group_norm ops, but paddle2onnx wrote "
+            f"{len(nodes)} InstanceNormalization nodes: cannot give them their epsilon"
+        )
+    for node, eps in zip(nodes, epsilons, strict=True):
+        kept = [a for a in node.attribute if a.name != "epsilon"]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("epsilon", eps)])
 
 
 def export_onnx(

@@ -343,3 +343,170 @@ def export_sam3_onnx(
         levels=levels,
         opset=OPSET,
     )
+
+
+# samexporter's layout (export_sam3_samexporter): three ONNX files whose names, inputs and
+# outputs are those the samexporter package's SegmentAnything3ONNX client reads
+SAMEXPORTER_FILES = {
+    "image_encoder": "sam3_image_encoder.onnx",
+    "language_encoder": "sam3_language_encoder.onnx",
+    "decoder": "sam3_decoder.onnx",
+}
+SAMEXPORTER_ENCODER_OUTPUTS = (
+    "vision_pos_enc_0",
+    "vision_pos_enc_1",
+    "vision_pos_enc_2",
+    "backbone_fpn_0",
+    "backbone_fpn_1",
+    "backbone_fpn_2",
+)
+SAMEXPORTER_LANGUAGE_OUTPUTS = ("text_attention_mask", "text_memory", "text_embeds")
+SAMEXPORTER_DECODER_OUTPUTS = ("pred_boxes", "pred_logits", "pred_masks", "presence_logit_dec")
+
+
+class UInt8ImageEncoder(nn.Layer):
+    """``3 x R x R`` uint8 RGB -> the three position encodings, then the three FPN levels
+    (``backbone.forward_image``), the normalisation ((x / 255 - 0.5) / 0.5) inside."""
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.backbone = model.backbone
+
+    def forward(self, image: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
+        x = (image.astype("float32") / 255.0 - 0.5) / 0.5
+        out = self.backbone.forward_image(x.unsqueeze(0))
+        return (*out["vision_pos_enc"], *out["backbone_fpn"])
+
+
+class LanguageEncoder(nn.Layer):
+    """Token ids ``1 x L`` -> (padding mask ``1 x L``, ``L x 1 x d`` features, ``L x 1 x
+    width`` token embeddings): ``encode_tokens``."""
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.text = model.backbone.language_backbone
+
+    def forward(self, tokens: paddle.Tensor) -> tuple[paddle.Tensor, ...]:
+        return tuple(self.text.encode_tokens(tokens))
+
+
+class SeqFirstDecoder(nn.Layer):
+    """``forward_grounding`` with the inputs in samexporter's order and layout: position
+    encodings and FPN levels ``1 x d x h_i x w_i``, the text's mask and features, boxes
+    sequence first (``N x 1 x 4`` normalised cx, cy, w, h; labels ``N x 1``; padding mask
+    ``1 x N``, True = padding). Only the levels' position encodings the heads read are
+    inputs (the last ``num_feature_levels``: the others would be inputs of no output)."""
+
+    def __init__(self, model: Sam3Image) -> None:
+        super().__init__()
+        self.model = model
+        self.unused_pos = len(fpn_shapes(model)) - int(model.num_feature_levels)
+
+    def forward(
+        self,
+        vision_pos_enc: list[paddle.Tensor],
+        backbone_fpn: list[paddle.Tensor],
+        language_mask: paddle.Tensor,
+        language_features: paddle.Tensor,
+        box_coords: paddle.Tensor,
+        box_labels: paddle.Tensor,
+        box_masks: paddle.Tensor,
+    ) -> tuple[paddle.Tensor, ...]:
+        backbone_out = {
+            "backbone_fpn": list(backbone_fpn),
+            "vision_pos_enc": [None] * self.unused_pos + list(vision_pos_enc),
+            "language_features": language_features,
+            "language_mask": language_mask,
+        }
+        prompt = Prompt(box_embeddings=box_coords, box_mask=box_masks, box_labels=box_labels)
+        zero = paddle.zeros([1], "int64")
+        out = self.model.forward_grounding(
+            backbone_out=backbone_out,
+            find_input=FindStage(img_ids=zero, text_ids=zero),
+            geometric_prompt=prompt,
+        )
+        return tuple(out[k] for k in SAMEXPORTER_DECODER_OUTPUTS)
+
+
+def export_sam3_samexporter(
+    model: Sam3Image, out_dir: str | os.PathLike, *, overwrite: bool = False
+) -> dict[str, Path]:
+    """Write the image model as samexporter's three ONNX files (:data:`SAMEXPORTER_FILES`),
+    with its input and output names and layouts, so that its ``SegmentAnything3ONNX`` (and
+    the tools reading the same files) run them on ONNX Runtime: the image encoder takes a
+    ``3 x R x R`` uint8 RGB image; the language encoder 1 x 32 token ids (samexporter's
+    tokenizer pads to 32: the model's context length must be 32); the decoder returns the raw
+    heads, which the client thresholds and resizes. The number of boxes is dynamic. Weights
+    over protobuf's 2 GB (the full-size image encoder) go to a ``.data`` file beside their
+    graph. Returns the written graphs by part."""
+    from .onnx import _convert, _finish_graph, _paddle2onnx
+
+    text = model.backbone.language_backbone
+    if text is None or int(text.context_length) != 32:
+        got = None if text is None else int(text.context_length)
+        raise ValueError(
+            f"samexporter's layout needs a text encoder of context length 32 (its tokenizer "
+            f"pads to 32); this model's is {got}"
+        )
+    levels = fpn_shapes(model)
+    if len(levels) != 3:
+        raise ValueError(f"samexporter's layout has three FPN levels; this model has {len(levels)}")
+    p2o = _paddle2onnx()
+    out = Path(out_dir)
+    files = {part: out / name for part, name in SAMEXPORTER_FILES.items()}
+    check_outputs(
+        out, [*SAMEXPORTER_FILES.values(), f"{files['image_encoder'].name}.data"], overwrite
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    size = int(model.backbone.vision_backbone.trunk.img_size)
+    ctx, d = int(text.context_length), int(model.hidden_dim)
+    # over protobuf's 2 GB with the graph: the full-size backbone (about 1.8 GB of weights)
+    weight_bytes = sum(4 * int(p.numel()) for p in model.backbone.vision_backbone.parameters())
+    big = weight_bytes > 1_000_000_000
+    fpn = [InputSpec([1, *s], "float32", f"backbone_fpn_{i}") for i, s in enumerate(levels)]
+    used = range(len(levels) - int(model.num_feature_levels), len(levels))
+    pos = [InputSpec([1, *levels[i]], "float32", f"vision_pos_enc_{i}") for i in used]
+    parts = {
+        "image_encoder": (
+            UInt8ImageEncoder(model),
+            [InputSpec([3, size, size], "uint8", "image")],
+            SAMEXPORTER_ENCODER_OUTPUTS,
+            {},
+        ),
+        "language_encoder": (
+            LanguageEncoder(model),
+            [InputSpec([1, ctx], "int64", "tokens")],
+            SAMEXPORTER_LANGUAGE_OUTPUTS,
+            {},
+        ),
+        "decoder": (
+            SeqFirstDecoder(model),
+            [
+                pos,
+                fpn,
+                InputSpec([1, ctx], "bool", "language_mask"),
+                InputSpec([ctx, 1, d], "float32", "language_features"),
+                InputSpec([None, 1, 4], "float32", "box_coords"),
+                InputSpec([None, 1], "int64", "box_labels"),
+                InputSpec([1, None], "bool", "box_masks"),
+            ],
+            SAMEXPORTER_DECODER_OUTPUTS,
+            {"box_coords": {0: "boxes"}, "box_labels": {0: "boxes"}, "box_masks": {1: "boxes"}},
+        ),
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="paddle-sam-samexporter-") as tmp,
+        attention_kernel(
+            model,
+            False,  # ONNX has no form of Paddle's fused CPU kernel
+        ),
+    ):
+        for part, (layer, spec_in, names, dims) in parts.items():
+            layer.eval()
+            paddle.jit.save(layer, str(Path(tmp) / part), input_spec=spec_in)
+            raw = Path(tmp) / f"{part}.onnx"
+            _convert(p2o, Path(tmp), part, raw, OPSET)
+            external = f"{files[part].name}.data" if part == "image_encoder" and big else None
+            _finish_graph(raw, part, names, dims, dst=files[part], external=external)
+    return files
