@@ -7,7 +7,8 @@ A family's trainer (``sam_v1.trainer.Trainer`` for SAM v1, ``sam3.trainer.Sam3Tr
 export and the metrics it logs. One optimizer step = ``grad_accum`` micro-batches of
 ``batch_size`` images on each process; under ``python -m paddle.distributed.launch`` gradients
 are averaged across processes with ``paddle.distributed.all_reduce`` before every optimizer
-step, so all ranks keep identical weights. Randomness is a pure function of (seed, step,
+step, and batch-norm running statistics (SAM 3's convolutional stem) after it, so all ranks
+keep identical weights. Randomness is a pure function of (seed, step,
 micro-batch, rank), so a resumed run continues exactly as an uninterrupted one.
 """
 
@@ -330,8 +331,22 @@ class TrainerBase:
         with paddle.no_grad():
             return float(paddle.sqrt(sum((g.astype("float32") ** 2).sum() for g in grads)))
 
+    def _running_stats(self) -> list:
+        """Batch-norm running means and variances: each process updates them from its own
+        batch, so they are averaged over processes after every step (as timm's
+        ``distribute_bn(reduce=True)``), or the ranks would end with different models."""
+        from paddle.nn.layer.norm import _BatchNormBase
+
+        return [
+            t
+            for layer in self.model.sublayers()
+            if isinstance(layer, _BatchNormBase)
+            for t in (layer._mean, layer._variance)
+        ]
+
     def _allreduce_grads(self, stats: dict) -> None:
-        """Average gradients (and the logged statistics) over processes, one fused buffer."""
+        """Average gradients, batch-norm running statistics (:meth:`_running_stats`) and the
+        logged statistics over processes, one fused buffer."""
         if self.world == 1:
             return
         import paddle.distributed as dist
@@ -343,9 +358,13 @@ class TrainerBase:
         for p in used:
             if p.grad is None:  # this rank's batch never reached it; others' did
                 p._set_grad_ivar(paddle.zeros_like(p))
-        flat = paddle.concat([p.grad.reshape([-1]) for p in used])
+        running = self._running_stats()
         keys = sorted(stats)
-        flat = paddle.concat([flat, paddle.to_tensor([stats[k] for k in keys], "float32")])
+        flat = paddle.concat(
+            [p.grad.reshape([-1]) for p in used]
+            + [t.reshape([-1]).astype("float32") for t in running]
+            + [paddle.to_tensor([stats[k] for k in keys], "float32")]
+        )
         dist.all_reduce(flat)
         flat = flat / self.world
         offset = 0
@@ -353,6 +372,11 @@ class TrainerBase:
             n = int(np.prod(p.shape))
             p.grad.set_value(flat[offset : offset + n].reshape(p.shape))
             offset += n
+        with paddle.no_grad():
+            for t in running:
+                n = int(np.prod(t.shape))
+                t.set_value(flat[offset : offset + n].reshape(t.shape).astype(t.dtype))
+                offset += n
         for k, v in zip(keys, flat[offset:].numpy(), strict=True):
             stats[k] = float(v)
 
@@ -485,27 +509,43 @@ class TrainerBase:
         skips = getattr(self, "skips", None)
         return skips.summary() if skips is not None else "nothing skipped"
 
-    def weights_sha256(self) -> str:
+    def weights_sha256(self) -> dict[str, str]:
+        """The SHA-256 of every tensor of the model's state, by name."""
         import hashlib
 
-        h = hashlib.sha256()
-        for name, v in sorted(self.model.state_dict().items()):
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(v.numpy()).tobytes())
-        return h.hexdigest()
+        return {
+            name: hashlib.sha256(np.ascontiguousarray(v.numpy()).tobytes()).hexdigest()
+            for name, v in self.model.state_dict().items()
+        }
 
     def _check_ranks_agree(self) -> None:
         """Data parallel: every rank must end with the same weights (written to ranks.json)."""
         if self.world == 1:
             return
-        hashes: list = []
-        paddle.distributed.all_gather_object(hashes, self.weights_sha256())
-        agree = len(set(hashes)) == 1
+        import hashlib
+
+        per_rank: list = []
+        paddle.distributed.all_gather_object(per_rank, self.weights_sha256())
+        differ = sorted(k for k in per_rank[0] if len({r.get(k) for r in per_rank}) > 1)
         if self.rank == 0:
-            doc = {"world_size": self.world, "weights_sha256": hashes, "agree": agree}
+            whole = [
+                hashlib.sha256("".join(f"{k}:{r[k]}" for k in sorted(r)).encode()).hexdigest()
+                for r in per_rank
+            ]
+            doc = {
+                "world_size": self.world,
+                "weights_sha256": whole,
+                "agree": not differ,
+                "tensors_that_differ": differ,
+            }
             (self.out / "ranks.json").write_text(json.dumps(doc, indent=2) + "\n")
-        if not agree:
-            raise RuntimeError(f"data-parallel ranks ended with different weights: {hashes}")
+        if differ:
+            more = f" and {len(differ) - 8} more" if len(differ) > 8 else ""
+            shown = ", ".join(differ[:8]) + more
+            raise RuntimeError(
+                f"data-parallel ranks ended with different weights in {len(differ)} of "
+                f"{len(per_rank[0])} tensors: {shown} (listed in {self.out / 'ranks.json'})"
+            )
 
     # -- metrics --
 

@@ -522,6 +522,33 @@ def test_backbone_init(tmp_path):
         load_vision_backbone(model, str(path))
 
 
+def test_two_processes_agree_on_batch_norm_statistics(tmp_path):
+    """A ``conv_stem`` (batch norm) trained by two processes: each updates the running
+    statistics from its own images, so they are averaged every step; without that the ranks
+    ended with different models (16 running-statistic tensors differed after 600 steps)."""
+    cfg = tiny_config(tmp_path, data={"val": None}, train={"steps": 2, "checkpoint_every": 2})
+    cfg["model"]["spec"] = tiny_sam3_spec().to_dict() | {"conv_stem": [[8, 2], [16, 1]]}
+    cfg["model"]["freeze"] = ["text_encoder"]
+    path = write_yaml(tmp_path / "a.yaml", cfg)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paddle_sam", "train", str(path), "--nproc", "2", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    )
+    run = tmp_path / "run"
+    logs = "".join(p.read_text() for p in sorted((run / "launch_logs").glob("workerlog.*")))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs[-3000:]
+    ranks = json.loads((run / "ranks.json").read_text())
+    assert ranks["agree"] and ranks["tensors_that_differ"] == []
+    trained = weights(run / "model.pdparams")
+    means = [k for k in trained if ".trunk.stem." in k and k.endswith("_mean")]
+    assert len(means) == 2
+    assert all(np.abs(trained[k]).max() > 0 for k in means)  # they followed the batches
+
+
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "trained"])
 def test_conv_stem_batch_norm_follows_the_freezing(tmp_path, frozen):
     """A vision backbone with a ``conv_stem`` (batch norm): frozen, its running statistics stay
