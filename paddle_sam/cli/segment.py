@@ -223,7 +223,7 @@ def _segment_sam3(args: argparse.Namespace) -> int:
 
     t = time.perf_counter()
     if args.exported is not None:
-        predictor = exported_predictor(args.exported, threshold, args.bpe)
+        predictor = exported_predictor(args.exported, threshold, args.bpe, args.precision)
     else:
         args.checkpoint = sam3_checkpoint(args)
         note = args.text and outside_vocabulary(source_of(args, "sam3", notice=False), [args.text])

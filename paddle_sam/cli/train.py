@@ -12,9 +12,12 @@ from pathlib import Path
 from ..train.synthetic import CONCEPT_STYLES
 from .common import (
     add_model_args,
+    add_precision_arg,
     bounded,
+    check_one_source,
     check_out_file,
     check_out_folder,
+    check_precision,
     family,
     image_predictor,
     load_model,
@@ -140,9 +143,14 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
         raise ValueError("--format coco needs --data ANNOTATIONS.json (or a Roboflow split)")
     if args.confidence_threshold is None:
         args.confidence_threshold = AP_CONFIDENCE_THRESHOLD
-    args.checkpoint = sam3_checkpoint(args)
+    if args.exported is None:
+        args.checkpoint = sam3_checkpoint(args)
     predictor = image_predictor(
-        args, "sam3", confidence_threshold=args.confidence_threshold, clicks=False
+        args,
+        "sam3",
+        confidence_threshold=args.confidence_threshold,
+        clicks=False,
+        precision=args.precision,
     )
     with tempfile.TemporaryDirectory(prefix="paddle-sam-eval-") as tmp:
         data, images, n = args.data, args.images, args.num_images
@@ -159,7 +167,9 @@ def _eval_sam3(args: argparse.Namespace) -> dict:
 
             data = str(ConceptDataset.find_annotations(Path(data)))
         result = evaluate_concepts(predictor, data, images, n, progress=not args.quiet)
-    result["checkpoint"] = str(args.checkpoint)
+    result["checkpoint"] = str(args.checkpoint or args.exported)
+    if args.exported is not None:
+        result["exported"] = {"path": str(args.exported), "precision": args.precision}
     result["confidence_threshold"] = args.confidence_threshold
     if args.format == "concepts":
         result["data"] = {
@@ -188,6 +198,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.json:  # before the (long) evaluation, not after it
         check_out_file(args.json, args.overwrite)
+    check_one_source(args)
+    check_precision(args)
+    if args.exported is not None and family(args) != "sam3":
+        raise ValueError(
+            f"--exported {args.exported}: eval runs SAM 3 exports only (text prompts through "
+            "the export's runtime); evaluate SAM v1 and SAM 2 on their --checkpoint"
+        )
     if family(args) == "sam3":
         result = _eval_sam3(args)
         if args.json:
@@ -347,6 +364,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--overwrite", action="store_true")
     e.add_argument("--quiet", action="store_true")
     add_model_args(e, families=("sam_v1", "sam2", "sam3"))
+    e.add_argument(
+        "--exported",
+        default=None,
+        metavar="DIR",
+        help="SAM 3: evaluate an export (paddle-sam export) on its runtime instead of "
+        "--checkpoint, with --precision",
+    )
+    add_precision_arg(e)
     e.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("synth", help="write a synthetic segmentation dataset (coco, sa1b, folder)")

@@ -35,6 +35,11 @@ COMMANDS = {
     "random-checkpoint",
     "export",
     "serve",
+    "train",
+    "eval",
+    "synth",
+    "label",
+    "download",
 }
 
 

@@ -289,3 +289,46 @@ def test_serve_from_the_export(exported, ckpt, image):
         _, want = _served_text_scores(["--checkpoint", ckpt], image)
     assert len(got) == len(want) == SPEC.num_queries
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_cli_eval_of_the_bundled_model_exported(tmp_path, capsys):
+    """``eval --exported``: the bundled SAM 3's held-out AP through its export equals the
+    dynamic model's; ``--precision bf16`` is applied (``segment``'s scores move, a little)
+    where the CPU has bf16, refused by name elsewhere."""
+    from PIL import Image
+
+    bundled = loading.bundled("sam3").path
+    out = tmp_path / "exp"
+    assert run(["export", "--checkpoint", bundled, "--format", "onnx", "-o", out]) == 0
+    common = ["eval", "--format", "concepts", "--num-images", "3", "--seed", "1000", "--quiet"]
+    assert run([*common, "--checkpoint", bundled, "--json", tmp_path / "d.json"]) == 0
+    assert run([*common, "--exported", out, "--json", tmp_path / "e.json"]) == 0
+    d, e = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "de")
+    assert d["mask"]["AP50"] > 0.3  # a model that finds things, so the comparison means something
+    for kind in ("mask", "box"):
+        for key in ("AP", "AP50"):
+            assert abs(e[kind][key] - d[kind][key]) < 1e-3, (kind, key)
+    assert e["exported"] == {"path": str(out), "precision": "fp32"}
+    capsys.readouterr()
+    assert_user_error(
+        capsys, [*common, "--checkpoint", bundled, "--precision", "bf16"], "--exported"
+    )
+
+    image = scene(1, 240, 320)[0]
+    Image.fromarray(image).save(tmp_path / "img.png")
+    seg = ["segment", tmp_path / "img.png", "--text", "red circle", "--confidence-threshold", "0"]
+    assert run([*seg, "--exported", out, "-o", tmp_path / "f"]) == 0
+    if bf16_refusal() is not None:
+        argv = [*seg, "--exported", out, "--precision", "bf16", "-o", tmp_path / "r"]
+        assert_user_error(capsys, argv, "bf16")
+        return
+    assert run([*seg, "--exported", out, "--precision", "bf16", "-o", tmp_path / "b"]) == 0
+    f, b = (
+        [
+            a["score"]
+            for a in json.loads((tmp_path / n / "annotations.json").read_text())["annotations"]
+        ]
+        for n in "fb"
+    )
+    assert len(f) == len(b) and not np.allclose(f, b, atol=1e-6, rtol=0)  # bf16 applied
+    np.testing.assert_allclose(b, f, atol=0.1)
