@@ -112,11 +112,19 @@ def _export_sam3(args: argparse.Namespace) -> int:
     if args.format == "samexporter":
         return _export_sam3_samexporter(args)
     if args.format == "onnx":
-        given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
+        given = [
+            flag
+            for attr, flag in ONNX_OPTIONS
+            if getattr(args, attr) not in (None, False) and attr != "quantize"
+        ]
         if args.fused_attention is not None:
             given.append("--fused-attention")
         if given:
             raise ValueError(f"{', '.join(given)}: for SAM v1 ONNX / SAM 3 PIR exports only")
+        if args.quantize:
+            from ..export.onnx import _int8_tools
+
+            _int8_tools()  # a missing extra is named before the model is loaded
     else:
         _check_onnx_options(args)
     source = source_of(args, "sam3")
@@ -130,12 +138,19 @@ def _export_sam3(args: argparse.Namespace) -> int:
 
         state = read_sam3_weights(source.path)  # the tracker's weights too
         export_sam3_onnx(
-            model, args.output, state=state, source_sha256=sha, overwrite=args.overwrite
+            model,
+            args.output,
+            state=state,
+            source_sha256=sha,
+            overwrite=args.overwrite,
+            quantize=args.quantize,
         )
+        int8 = " + vision_backbone.int8.xml/.bin" if args.quantize else ""
         print(
-            f"exported (onnx) -> {Path(args.output)}/ (vision_backbone.onnx + .data, "
+            f"exported (onnx) -> {Path(args.output)}/ (vision_backbone.onnx + .data{int8}, "
             f"model.pdparams, export.json) in {time.perf_counter() - t:.1f}s; run it with "
             f"--exported {Path(args.output)} (the openvino extra)"
+            + (" [--precision int8]" if args.quantize else "")
         )
         return 0
     export_sam3(
@@ -281,8 +296,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--quantize",
         choices=["int8"],
         default=None,
-        help="also write image_encoder.quant.onnx and prompt_decoder.quant.onnx, dynamically "
-        "quantised by onnxruntime (uint8 weights), as the official script's --quantize-out",
+        help="SAM v1: also write image_encoder.quant.onnx and prompt_decoder.quant.onnx, "
+        "dynamically quantised by onnxruntime (uint8 weights), as the official script's "
+        "--quantize-out; SAM 3: also vision_backbone.int8.xml/.bin, the backbone with int8 "
+        "weights for OpenVINO (NNCF; the int8 extra), run with --precision int8",
     )
     add_model_args(x, families=("sam_v1", "sam2", "sam3"))
     x.set_defaults(func=cmd_export)

@@ -3,7 +3,8 @@ one place that compiles a file for the CPU in a stated precision.
 
 OpenVINO computes in bf16 by itself on CPUs with ``avx512_bf16`` or AMX; here the precision is
 always set: ``fp32`` (the exported model's answer, to about 1e-5) unless ``bf16`` is asked for,
-which is refused by name on a CPU without it.
+which is refused by name on a CPU without it. ``int8`` compiles a file whose weights are int8
+(``export --quantize int8``) with fp32 activations.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import numpy as np
 
 from .._runtime import bf16_refusal, get_num_threads
 
-#: precision -> OpenVINO's INFERENCE_PRECISION_HINT
-PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+#: precision -> OpenVINO's INFERENCE_PRECISION_HINT; int8 is a file with int8 weights
+#: (``export --quantize int8``), its activations computed in fp32
+PRECISIONS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 
 
 def openvino_module() -> Any:

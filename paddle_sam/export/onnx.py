@@ -253,6 +253,36 @@ def _quantizer():
     return quantize_dynamic, QuantType
 
 
+def _int8_tools():
+    """``(nncf, openvino)``, or an ImportError naming the extras to install."""
+    try:
+        import nncf
+        import openvino
+    except ImportError as exc:
+        raise ImportError(
+            f"int8 weights for OpenVINO need NNCF and OpenVINO ({exc.name} is missing): "
+            "pip install 'paddle-sam[openvino,int8]'"
+        ) from exc
+    return nncf, openvino
+
+
+def compress_weights_int8(onnx_path: str | os.PathLike, xml_path: str | os.PathLike) -> dict:
+    """``onnx_path``'s graph written as an OpenVINO model (``xml_path`` and the ``.bin`` beside
+    it) with its MatMul, convolution and embedding weights in int8: NNCF's weight compression
+    (asymmetric, one scale and zero point per output channel; no calibration data).
+    Activations stay float, OpenVINO dequantising each weight as it computes; the file and the
+    memory the weights take shrink to about a quarter. Returns what the manifest records."""
+    nncf, ov = _int8_tools()
+    model = ov.Core().read_model(str(onnx_path))
+    model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+    ov.save_model(model, str(xml_path), compress_to_fp16=False)
+    return {
+        "method": "weights only, int8 asymmetric per output channel (NNCF compress_weights)",
+        "nncf": nncf.__version__,
+        "openvino": ov.__version__,
+    }
+
+
 def check_onnx_options(opset: int, quantize: str | None) -> None:
     """Clear errors for an opset below ``MIN_OPSET`` or an unknown quantisation."""
     if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:

@@ -55,6 +55,8 @@ FUSED_KERNEL = "self_dp_attention"  # the op name of Paddle's fused CPU attentio
 ONNX_FORMAT = "paddle-sam/sam3-onnx"
 ONNX_FORMAT_VERSION = 1
 VISION = "vision_backbone"
+VISION_INT8 = "vision_backbone_int8"  # the manifest's program of --quantize int8
+INT8_SUFFIX = ".int8"
 WEIGHTS = "model.pdparams"
 VISION_PREFIX = "backbone.vision_backbone."
 #: the ONNX opset (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
@@ -281,6 +283,7 @@ def export_sam3_onnx(
     source_sha256: str | None = None,
     overwrite: bool = False,
     spec: Sam3Spec | None = None,
+    quantize: str | None = None,
 ) -> dict:
     """Write the vision backbone (ViT trunk and both necks: about four fifths of an image's
     time) as ``vision_backbone.onnx`` (its weights in ``vision_backbone.onnx.data``, over
@@ -292,19 +295,29 @@ def export_sam3_onnx(
     ``state``: the converted weights to store (default: ``model``'s); pass a whole converted
     checkpoint to keep its video tracker (``tracker.*``). The vision backbone's keys are
     left out either way. A model with the second neck (built with clicks) exports it too:
-    clicks and video need it."""
+    clicks and video need it.
+
+    ``quantize="int8"``: also ``vision_backbone.int8.xml`` / ``.bin``, the backbone for
+    OpenVINO with int8 weights (:func:`~paddle_sam.export.onnx.compress_weights_int8`;
+    ``precision="int8"`` at load time runs it). Approximate: its cost is measured, not
+    assumed (docs/performance.md)."""
     from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
-    from .onnx import _convert, _finish_graph, _paddle2onnx
+    from .onnx import _convert, _finish_graph, _int8_tools, _paddle2onnx, compress_weights_int8
 
     spec = spec if spec is not None else getattr(model, "spec", None)
     if spec is None:
         raise ValueError("model has no .spec; build it with build_sam3_image_model or load_sam3")
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
+    if quantize:  # a missing extra is named before any work
+        _int8_tools()
     p2o = _paddle2onnx()  # a missing extra is named before any work
     out = Path(out_dir)
     onnx_name = f"{VISION}.onnx"
     data_name = f"{onnx_name}.data"
+    int8_names = [f"{VISION}{INT8_SUFFIX}.xml", f"{VISION}{INT8_SUFFIX}.bin"] if quantize else []
     sidecar = sidecar_path(WEIGHTS).name
-    check_outputs(out, [onnx_name, data_name, WEIGHTS, sidecar, MANIFEST], overwrite)
+    check_outputs(out, [onnx_name, data_name, *int8_names, WEIGHTS, sidecar, MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     levels = vision_levels(model)
@@ -322,6 +335,11 @@ def export_sam3_onnx(
         _convert(p2o, Path(tmp), VISION, raw, OPSET)
         # the outputs named, the weights as initializers, stored beside the graph
         _finish_graph(raw, VISION, names, {}, dst=out / onnx_name, external=data_name)
+    programs = {VISION: [onnx_name, data_name]}
+    quantized = {}
+    if quantize:
+        quantized = {"int8": compress_weights_int8(out / onnx_name, out / int8_names[0])}
+        programs[VISION_INT8] = int8_names
     if state is None:
         state = {k: np.asarray(v.numpy(), np.float32) for k, v in model.state_dict().items()}
     kept = {k: v for k, v in state.items() if not k.startswith(VISION_PREFIX)}
@@ -333,7 +351,7 @@ def export_sam3_onnx(
     return write_manifest(
         out,
         ONNX_FORMAT,
-        {VISION: [onnx_name, data_name], "weights": [WEIGHTS, sidecar]},
+        {**programs, "weights": [WEIGHTS, sidecar]},
         format_version=ONNX_FORMAT_VERSION,
         model_type="sam3",
         source_sha256=source_sha256,
@@ -342,6 +360,7 @@ def export_sam3_onnx(
         context_length=int(text.context_length) if text is not None else None,
         levels=levels,
         opset=OPSET,
+        quantized=quantized,
     )
 
 

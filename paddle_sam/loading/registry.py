@@ -314,7 +314,7 @@ PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("sam_v1", "paddle-inference"): ("fp32", "bf16"),
     # bf16: the encoder on OpenVINO; int8: the files of --quantize int8
     ("sam_v1", "onnxruntime"): ("fp32", "bf16", "int8"),
-    ("sam3", "openvino"): ("fp32", "bf16"),
+    ("sam3", "openvino"): ("fp32", "bf16", "int8"),  # int8: the file of --quantize int8
     ("sam2", "openvino"): ("fp32", "bf16"),
 }
 

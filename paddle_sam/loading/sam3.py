@@ -262,8 +262,9 @@ def load_sam3_export(
     apply_temporal_disambiguation: bool = True,
 ):
     """SAM 3 from a ``paddle-sam export --format onnx`` folder: the vision backbone on OpenVINO
-    (:class:`~paddle_sam.deploy.sam3.OpenVinoVisionBackbone`; ``precision`` fp32 or bf16,
-    ``threads``), every other weight strictly loaded from its ``model.pdparams``.
+    (:class:`~paddle_sam.deploy.sam3.OpenVinoVisionBackbone`; ``precision`` fp32, bf16, or
+    int8 for the int8 weights of ``export --quantize int8``; ``threads``), every other weight
+    strictly loaded from its ``model.pdparams``.
 
     ``kind``: ``image`` (:class:`Sam3Image`; ``interactive``: with the click predictor,
     by default when the export has it), ``video`` (the dense video model, as
@@ -273,7 +274,7 @@ def load_sam3_export(
     from ..convert import sam3 as convert_sam3
     from ..convert.core import CheckpointMismatchError, check_keys, model_shapes, read_pdparams
     from ..deploy.sam3 import OpenVinoVisionBackbone, read_sam3_onnx_manifest
-    from ..export.sam3 import VISION, WEIGHTS
+    from ..export.sam3 import VISION, VISION_INT8, WEIGHTS
 
     if kind not in EXPORT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(EXPORT_KINDS)}, got {kind!r}")
@@ -302,9 +303,18 @@ def load_sam3_export(
             "export a checkpoint that has them (the released sam3.pt, converted with its tracker)"
         )
 
+    program = VISION
+    if precision == "int8":
+        program = VISION_INT8
+        if not manifest["programs"].get(VISION_INT8):
+            raise ValueError(
+                f"precision int8: {folder} has no int8 backbone; export it with "
+                "'paddle-sam export --format onnx --quantize int8'"
+            )
+
     def on_openvino(vision_backbone):
         return OpenVinoVisionBackbone(
-            folder / manifest["programs"][VISION][0],
+            folder / manifest["programs"][program][0],
             vision_backbone.position_encoding,
             levels,
             precision=precision,

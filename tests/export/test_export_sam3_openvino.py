@@ -253,9 +253,42 @@ def test_cli_export_segment_and_track(ckpt, tmp_path, image, capsys):
     assert any((tmp_path / "c" / "masks").iterdir())
     capsys.readouterr()
     # the options of the other exports are refused by name
-    argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--quantize", "int8"]
-    assert_user_error(capsys, [*argv, "-o", tmp_path / "q"], "--quantize")
+    argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--dynamic-batch"]
+    assert_user_error(capsys, [*argv, "-o", tmp_path / "q"], "--dynamic-batch")
     assert not (tmp_path / "q").exists()
+
+
+def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
+    """``--quantize int8``: the backbone again with int8 weights (a quarter of the bytes),
+    which ``precision="int8"`` runs: close to fp32, not equal to it; an export without it
+    refuses int8 by name."""
+    pytest.importorskip("nncf")
+    out = tmp_path / "int8"
+    manifest = export_sam3_onnx(dynamic, out, state=read_pdparams(ckpt), quantize="int8")
+    assert manifest["programs"]["vision_backbone_int8"] == [
+        "vision_backbone.int8.xml",
+        "vision_backbone.int8.bin",
+    ]
+    assert manifest["quantized"]["int8"]["nncf"]
+    fp32_bytes = (out / "vision_backbone.onnx.data").stat().st_size
+    assert (out / "vision_backbone.int8.bin").stat().st_size < 0.35 * fp32_bytes
+    fp32, int8 = (load_sam3_export(out, precision=p) for p in ("fp32", "int8"))
+    x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
+    y = Sam3Processor(int8, resolution=SPEC.image_size).set_image(image)
+    for level in range(len(x["backbone_out"]["backbone_fpn"])):
+        a = x["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        b = y["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        assert not np.array_equal(a, b)  # int8 really applied
+        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+    with pytest.raises(ValueError, match="quantize int8"):
+        load_sam3_export(exported, precision="int8")
+    from PIL import Image
+
+    Image.fromarray(image).save(tmp_path / "img.png")
+    seg = ["segment", tmp_path / "img.png", "--text", "a shape", "--precision", "int8"]
+    assert run([*seg, "--exported", out, "-o", tmp_path / "s"]) == 0
+    capsys.readouterr()
+    assert_user_error(capsys, [*seg, "--exported", exported, "-o", tmp_path / "r"], "int8")
 
 
 def _served_text_scores(argv: list, image: np.ndarray) -> tuple[dict, list[float]]:
