@@ -3,7 +3,8 @@
 same full-size random weights.
 
     python benchmarks/bench_sam3.py [--repeats 2] [--prompts 3] [--rounds 2] [--threads N]
-        [--impl paddle,static,openvino,openvino-bf16,torch] [--out benchmarks/results]
+        [--impl paddle,static,openvino,openvino-bf16,openvino-int8,torch]
+        [--out benchmarks/results]
 
 The parent process has a worker write one set of weights: the official full-size image model
 built by sam3's builder, every Linear redrawn from N(0, 1/fan_in) and every tensor perturbed
@@ -43,9 +44,10 @@ from typing import Any  # noqa: E402
 import bench_sam_v1 as v1  # noqa: E402  (keeps the environment as it was: v1._BASE_ENV)
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "static", "openvino", "openvino-bf16", "torch")
-# the export (``export --format onnx``) each OpenVINO impl runs, and its precision
-OPENVINO = {"openvino": "fp32", "openvino-bf16": "bf16"}
+IMPLS = ("paddle", "static", "openvino", "openvino-bf16", "openvino-int8", "torch")
+# the export (``export --format onnx``, with ``--quantize int8`` where an impl is int8) each
+# OpenVINO impl runs, and its precision
+OPENVINO = {"openvino": "fp32", "openvino-bf16": "bf16", "openvino-int8": "int8"}
 IMAGE_HW = (768, 1024)
 TEXTS = ("a yellow school bus", "the dog on the left", "a red car", "person", "traffic light")
 BOXES = ((0.45, 0.5, 0.3, 0.4), (0.3, 0.3, 0.2, 0.25), (0.6, 0.7, 0.25, 0.2))  # cx, cy, w, h
@@ -117,7 +119,7 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
 
 def run_paddle_worker(args) -> dict:
     """``--worker paddle`` (dygraph ``Sam3Processor`` on the .pdparams), ``static``
-    (``StaticSam3Processor`` on the PIR export folder) or ``openvino[-bf16]`` (the dynamic
+    (``StaticSam3Processor`` on the PIR export folder) or ``openvino[-bf16|-int8]`` (the dynamic
     model with its vision backbone on OpenVINO, from the ONNX export folder)."""
     t0 = time.perf_counter()
     import paddle_sam  # first: it applies its CPU defaults before paddle loads
@@ -253,7 +255,8 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
         from paddle_sam.loading.sam3 import load_sam3
 
         t0 = time.perf_counter()
-        export_sam3_onnx(load_sam3(pdparams), tmp / "onnx")
+        int8 = "int8" if "openvino-int8" in impls else None
+        export_sam3_onnx(load_sam3(pdparams), tmp / "onnx", quantize=int8)
         print(f"  ONNX export for OpenVINO: {time.perf_counter() - t0:.0f} s", flush=True)
         for impl in OPENVINO:
             paths[impl] = tmp / "onnx"
@@ -298,7 +301,7 @@ def ratio(values: dict[str, float], impl: str = "paddle") -> float | None:
     return None
 
 
-RATIOS = ("paddle", "static", "openvino", "openvino-bf16")  # each over torch
+RATIOS = ("paddle", "static", "openvino", "openvino-bf16", "openvino-int8")  # each over torch
 
 
 def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:

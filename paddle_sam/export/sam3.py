@@ -122,6 +122,17 @@ class TextEncoder(nn.Layer):
         return memory, mask
 
 
+def ground_one(model: Sam3Image, backbone_out: dict, prompt: Prompt) -> dict:
+    """``model.forward_grounding`` of one image and one text (both at index 0), as the
+    exported decoders compute it."""
+    zero = paddle.zeros([1], "int64")
+    return model.forward_grounding(
+        backbone_out=backbone_out,
+        find_input=FindStage(img_ids=zero, text_ids=zero),
+        geometric_prompt=prompt,
+    )
+
+
 class PromptDecoder(nn.Layer):
     """``Sam3Image.forward_grounding`` on one image with one text and N >= 1 boxes.
 
@@ -161,12 +172,7 @@ class PromptDecoder(nn.Layer):
             box_mask=box_mask,
             box_labels=box_labels.transpose([1, 0]),
         )
-        zero = paddle.zeros([1], "int64")
-        out = self.model.forward_grounding(
-            backbone_out=backbone_out,
-            find_input=FindStage(img_ids=zero, text_ids=zero),
-            geometric_prompt=prompt,
-        )
+        out = ground_one(self.model, backbone_out, prompt)
         return tuple(out[k] for k in DECODER_OUTPUTS)
 
 
@@ -438,12 +444,7 @@ class SeqFirstDecoder(nn.Layer):
             "language_mask": language_mask,
         }
         prompt = Prompt(box_embeddings=box_coords, box_mask=box_masks, box_labels=box_labels)
-        zero = paddle.zeros([1], "int64")
-        out = self.model.forward_grounding(
-            backbone_out=backbone_out,
-            find_input=FindStage(img_ids=zero, text_ids=zero),
-            geometric_prompt=prompt,
-        )
+        out = ground_one(self.model, backbone_out, prompt)
         return tuple(out[k] for k in SAMEXPORTER_DECODER_OUTPUTS)
 
 
