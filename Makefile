@@ -68,22 +68,24 @@ train-default: $(VENV)/.installed-train
 # the default SAM 3's recipe: the vision backbone pretrained (about 20 min), the detector from
 # scratch at 256 px (stage 1, about an hour on one core), then at 384 px (stage 2, two to three
 # hours), then on scenes of four drawing styles with the backbone unfrozen (stage 3, about an
-# hour); a stopped stage continues with: paddle-sam train CONFIG --resume; writes
-# runs/sam3_tiny_concepts{,_stage2,_stage3}/ (model.pdparams with its sidecar, metrics.csv,
-# curves.png) and the held-out evaluations the bundled model is judged by, in the styles it was
-# trained on and in two it never saw (runs/sam3_tiny_concepts_stage3/heldout_*.json)
+# hour), then on 4000 new scenes of those styles in two data-parallel processes (stage 4, about
+# an hour on two cores); a stopped stage continues with: paddle-sam train CONFIG --resume;
+# writes runs/sam3_tiny_concepts{,_stage2,_stage3,_stage4}/ (model.pdparams with its sidecar,
+# metrics.csv, curves.png) and the held-out evaluations the bundled model is judged by, in the
+# styles it was trained on and in two it never saw (runs/sam3_tiny_concepts_stage4/heldout_*.json)
 train-sam3-default: $(VENV)/.installed-train
 	test -f runs/sam3_tiny_concepts_backbone.pdparams || $(BIN)/python -m paddle_sam.train.sam3.pretrain \
 		configs/sam3_tiny_concepts.yaml -o runs/sam3_tiny_concepts_backbone.pdparams --steps 1200
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts.yaml
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts_stage2.yaml
 	$(BIN)/paddle-sam train configs/sam3_tiny_concepts_stage3.yaml
-	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage3/model.pdparams \
+	$(BIN)/paddle-sam train configs/sam3_tiny_concepts_stage4.yaml --nproc 2
+	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage4/model.pdparams \
 		--format concepts --seed 2000 --num-images 30 --styles flat,textured,outlined,clutter \
-		--json runs/sam3_tiny_concepts_stage3/heldout_in_style.json --overwrite
-	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage3/model.pdparams \
+		--json runs/sam3_tiny_concepts_stage4/heldout_in_style.json --overwrite
+	$(BIN)/paddle-sam eval --model-type sam3 --checkpoint runs/sam3_tiny_concepts_stage4/model.pdparams \
 		--format concepts --seed 2000 --num-images 30 --styles shaded,photo \
-		--json runs/sam3_tiny_concepts_stage3/heldout_out_of_style.json --overwrite
+		--json runs/sam3_tiny_concepts_stage4/heldout_out_of_style.json --overwrite
 
 # the default video model's recipe: a small SAM 2.1 on generated scenes and clips, two
 # data-parallel processes each stage: its image encoder distilled from the bundled SAM v1 (whose

@@ -29,6 +29,7 @@ def test_default_sam3_is_small_and_described():
         "configs/sam3_tiny_concepts.yaml",
         "configs/sam3_tiny_concepts_stage2.yaml",
         "configs/sam3_tiny_concepts_stage3.yaml",
+        "configs/sam3_tiny_concepts_stage4.yaml",
     ]
     configs = [yaml.safe_load(open(path)) for path in stages]
     for before, after in zip(configs[:-1], configs[1:], strict=True):  # each from the previous
@@ -69,6 +70,19 @@ def test_held_out_concept_scenes_mask_ap50(tmp_path):
     result = json.loads(out.read_text())
     assert result["images"] == 30 and result["concepts"] == 30
     assert result["mask"]["AP50"] >= 0.7, result["mask"]
+
+
+@needs_model
+def test_held_out_unseen_styles_mask_ap50(tmp_path):
+    """The bundled-model issue's bar: scenes drawn in the two styles training never saw
+    (shaded, photo; seed 2000, 30 images), mask AP50 >= 0.6."""
+    out = tmp_path / "eval.json"
+    args = ["eval", "--model-type", "sam3", "--format", "concepts", "--seed", "2000"]
+    args += ["--styles", "shaded,photo", "--num-images", "30", "--json", str(out), "--quiet"]
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["data"]["styles"] == ["shaded", "photo"]
+    assert result["mask"]["AP50"] >= 0.6, result["mask"]
 
 
 def test_concept_check_needs_every_instance(tmp_path):
