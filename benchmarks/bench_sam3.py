@@ -323,12 +323,15 @@ TABLE_HEADER = [
     "paddle_sam static",
     "OpenVINO fp32",
     "OpenVINO bf16",
+    "OpenVINO int8 weights",
     "torch (official sam3)",
     "paddle/torch",
     "static/torch",
     "ov fp32/torch",
     "ov bf16/torch",
+    "ov int8/torch",
 ]
+assert len(TABLE_HEADER) == 1 + len(IMPLS) + len(RATIOS)
 
 
 def format_table(rows: list[list[str]], markdown: bool) -> str:
@@ -416,6 +419,10 @@ def parent_main(args) -> None:
         prepare = ["--impl", ",".join(args.impl)]
         weights = {k: Path(v) for k, v in v1.prepared_weights(work, prepare, __file__).items()}
         runs = collect(args, weights)
+    stem = f"sam3_{started.strftime('%Y%m%d-%H%M%S')}"
+    raw = Path(args.out) / f"{stem}_runs.json"  # first: a failure below loses no measurement
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(runs, indent=1) + "\n")
     summary = summarise(runs)
     info = machine_info(args, runs, started)
     rows = table_rows(summary)
@@ -426,7 +433,6 @@ def parent_main(args) -> None:
     print(format_table(rows, markdown=False))
     print("\nratio < 1: paddle_sam is faster / smaller")
     print("\n".join(lines))
-    stem = f"sam3_{started.strftime('%Y%m%d-%H%M%S')}"
     csv_path, md_path = write_outputs(Path(args.out), stem, summary, info, rows, lines)
     print(f"\nwrote {csv_path}\nwrote {md_path}")
 
