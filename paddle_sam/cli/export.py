@@ -29,9 +29,30 @@ ONNX_OPTIONS = (
 )
 
 
+def _onnx_flags(args: argparse.Namespace, allowed: tuple[str, ...] = ()) -> list[str]:
+    """The ONNX-only flags the command line gives, but those of the ``allowed`` attributes."""
+    return [
+        flag
+        for attr, flag in ONNX_OPTIONS
+        if attr not in allowed and getattr(args, attr) not in (None, False)
+    ]
+
+
+def _refuse_other_options(
+    args: argparse.Namespace, where: str, allowed: tuple[str, ...] = ()
+) -> None:
+    """A ValueError naming the ONNX-only flags (but ``allowed``) and --fused-attention given
+    to an export they are not options of (``where`` says which exports they are for)."""
+    given = _onnx_flags(args, allowed)
+    if args.fused_attention is not None:
+        given.append("--fused-attention")
+    if given:
+        raise ValueError(f"{', '.join(given)}: {where}")
+
+
 def _check_onnx_options(args: argparse.Namespace) -> dict:
     """The ONNX export options as ``export_onnx`` keywords; refused with --format pir."""
-    given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
+    given = _onnx_flags(args)
     if args.format != "onnx":
         if given:
             raise ValueError(f"{', '.join(given)}: for --format onnx only")
@@ -112,15 +133,8 @@ def _export_sam3(args: argparse.Namespace) -> int:
     if args.format == "samexporter":
         return _export_sam3_samexporter(args)
     if args.format == "onnx":
-        given = [
-            flag
-            for attr, flag in ONNX_OPTIONS
-            if getattr(args, attr) not in (None, False) and attr != "quantize"
-        ]
-        if args.fused_attention is not None:
-            given.append("--fused-attention")
-        if given:
-            raise ValueError(f"{', '.join(given)}: for SAM v1 ONNX / SAM 3 PIR exports only")
+        where = "for SAM v1 ONNX / SAM 3 PIR exports only"
+        _refuse_other_options(args, where, allowed=("quantize",))
         if args.quantize:
             from ..export.onnx import _int8_tools
 
@@ -174,11 +188,7 @@ def _export_sam3_samexporter(args: argparse.Namespace) -> int:
     from ..export.sam3 import export_sam3_samexporter
     from ..loading import load_model as load
 
-    given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
-    if args.fused_attention is not None:
-        given.append("--fused-attention")
-    if given:
-        raise ValueError(f"{', '.join(given)}: not options of --format samexporter")
+    _refuse_other_options(args, "not options of --format samexporter")
     _paddle2onnx()  # a missing extra is named before the model is loaded
     model = load(source_of(args, "sam3"))
     t = time.perf_counter()
@@ -205,11 +215,7 @@ def _export_sam2(args: argparse.Namespace) -> int:
             "SAM 2 exports its image encoder to ONNX, which OpenVINO runs (--format onnx, the "
             "default for SAM 2)"
         )
-    given = [flag for attr, flag in ONNX_OPTIONS if getattr(args, attr) not in (None, False)]
-    if args.fused_attention is not None:
-        given.append("--fused-attention")
-    if given:
-        raise ValueError(f"{', '.join(given)}: for SAM v1 / SAM 3 exports only")
+    _refuse_other_options(args, "for SAM v1 / SAM 3 exports only")
     source = source_of(args, "sam2")
     model = load(source, model_type=args.model_type)
     meta = source.meta

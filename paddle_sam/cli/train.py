@@ -200,17 +200,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         check_out_file(args.json, args.overwrite)
     check_one_source(args)
     check_precision(args)
-    if args.exported is not None and family(args) != "sam3":
+    fam = family(args)  # sniffs the files: once
+    if args.exported is not None and fam != "sam3":
         raise ValueError(
             f"--exported {args.exported}: eval runs SAM 3 exports only (text prompts through "
             "the export's runtime); evaluate SAM v1 and SAM 2 on their --checkpoint"
         )
-    if family(args) == "sam3":
+    if fam == "sam3":
         result = _eval_sam3(args)
         if args.json:
             _write_result(Path(args.json), result)
         return 0
-    if family(args) == "sam2":
+    if fam == "sam2":
         result = _eval_sam2(args)
         if args.json:
             _write_result(Path(args.json), result)
