@@ -202,23 +202,32 @@ def test_set_num_threads_validates():
 def test_freed_memory_is_reused_only_when_asked():
     """With glibc and ``tune_process``, large freed blocks stay in the heap: a repeated big
     temporary is not page-faulted again (measured by minor page faults, not by time). A plain
-    import leaves glibc as it was: each temporary is faulted anew."""
+    import leaves glibc as it was: each temporary is faulted anew.
+
+    The heap takes a few temporaries to settle (measured: the first one or two after a warm-up,
+    once in 15 runs the first three, faulted afresh, none after), so twelve are counted and
+    at most five may be fresh; the plain process faults every one."""
     import platform
     import resource
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
+    pages = 64 * 1024 * 1024 * 4 // resource.getpagesize()  # one 256 MB temporary
     code = (
         "import resource, sys, paddle_sam, paddle\n"
         "if sys.argv[-1] == 'tune': paddle_sam.tune_process()\n"
         "a = paddle.ones([64, 1024, 1024])\n"
         "for _ in range(2): b = a * 2.0; del b\n"
-        "f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-        "for _ in range(5): b = a * 2.0; del b\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)\n"
+        "fresh = 0\n"
+        "for _ in range(12):\n"
+        "    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    b = a * 2.0; del b\n"
+        f"    fresh += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 > {pages // 2}\n"
+        "print(fresh)\n"
     )
 
-    def faults(tune: bool, **env_overrides) -> int:
+    def fresh(tune: bool, **env_overrides) -> int:
+        """How many of the 12 temporaries were page-faulted afresh (over half their pages)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
         env.pop("PADDLE_SAM_NO_CPU_TUNING", None)
         env.update(env_overrides)
@@ -226,7 +235,6 @@ def test_freed_memory_is_reused_only_when_asked():
         out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
         return int(out.stdout.strip().splitlines()[-1])
 
-    pages = 64 * 1024 * 1024 * 4 // resource.getpagesize()  # one 256 MB temporary
-    assert faults(tune=True) < 2 * pages  # reused: at most one fresh block over 5 temporaries
-    assert faults(tune=False) > 4 * pages  # each temporary faulted anew
-    assert faults(tune=True, PADDLE_SAM_NO_CPU_TUNING="1") > 4 * pages
+    assert fresh(tune=True) <= 5  # reused once the heap has settled
+    assert fresh(tune=False) >= 11  # each temporary faulted anew
+    assert fresh(tune=True, PADDLE_SAM_NO_CPU_TUNING="1") >= 11
