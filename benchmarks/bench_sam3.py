@@ -3,7 +3,7 @@
 same full-size random weights.
 
     python benchmarks/bench_sam3.py [--repeats 2] [--prompts 3] [--rounds 2] [--threads N]
-        [--impl paddle,static,openvino,openvino-bf16,openvino-int8,torch]
+        [--impl paddle,static,openvino,openvino-bf16,openvino-int8,openvino-int8-static,torch]
         [--out benchmarks/results]
 
 The parent process has a worker write one set of weights: the official full-size image model
@@ -44,10 +44,24 @@ from typing import Any  # noqa: E402
 import bench_sam_v1 as v1  # noqa: E402  (keeps the environment as it was: v1._BASE_ENV)
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "static", "openvino", "openvino-bf16", "openvino-int8", "torch")
-# the export (``export --format onnx``, with ``--quantize int8`` where an impl is int8) each
-# OpenVINO impl runs, and its precision
-OPENVINO = {"openvino": "fp32", "openvino-bf16": "bf16", "openvino-int8": "int8"}
+IMPLS = (
+    "paddle",
+    "static",
+    "openvino",
+    "openvino-bf16",
+    "openvino-int8",
+    "openvino-int8-static",
+    "torch",
+)
+# the export (``export --format onnx``, with ``--quantize int8`` where an impl is int8, and
+# ``--calibration`` for the static one) each OpenVINO impl runs, and its precision
+OPENVINO = {
+    "openvino": "fp32",
+    "openvino-bf16": "bf16",
+    "openvino-int8": "int8",
+    "openvino-int8-static": "int8",
+}
+CALIBRATION_IMAGES = 4  # the static int8 export's: the benchmark scene shifted and noised
 IMAGE_HW = (768, 1024)
 TEXTS = ("a yellow school bus", "the dog on the left", "a red car", "person", "traffic light")
 BOXES = ((0.45, 0.5, 0.3, 0.4), (0.3, 0.3, 0.2, 0.25), (0.6, 0.7, 0.25, 0.2))  # cx, cy, w, h
@@ -256,11 +270,26 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
 
         t0 = time.perf_counter()
         int8 = "int8" if "openvino-int8" in impls else None
-        export_sam3_onnx(load_sam3(pdparams), tmp / "onnx", quantize=int8)
+        model = load_sam3(pdparams)
+        export_sam3_onnx(model, tmp / "onnx", quantize=int8)
         print(f"  ONNX export for OpenVINO: {time.perf_counter() - t0:.0f} s", flush=True)
         for impl in OPENVINO:
             paths[impl] = tmp / "onnx"
+        if "openvino-int8-static" in impls:
+            t0 = time.perf_counter()
+            images = [calibration_image(i) for i in range(CALIBRATION_IMAGES)]
+            export_sam3_onnx(model, tmp / "onnx_static", quantize="int8", calibration=images)
+            print(f"  static int8 export: {time.perf_counter() - t0:.0f} s", flush=True)
+            paths["openvino-int8-static"] = tmp / "onnx_static"
     return paths
+
+
+def calibration_image(i: int) -> np.ndarray:
+    """The benchmark scene rolled, mirrored and noised: images like the timed one, not it."""
+    rng = np.random.default_rng(100 + i)
+    image = np.roll(v1.make_image(IMAGE_HW), int(rng.integers(50, 400)), axis=1)[:, ::-1]
+    noisy = image.astype(np.float64) + rng.normal(0, 12, image.shape)
+    return np.ascontiguousarray(np.clip(noisy, 0, 255).astype(np.uint8))
 
 
 # --------------------------------------------------------------------------------- parent
@@ -301,7 +330,7 @@ def ratio(values: dict[str, float], impl: str = "paddle") -> float | None:
     return None
 
 
-RATIOS = ("paddle", "static", "openvino", "openvino-bf16", "openvino-int8")  # each over torch
+RATIOS = IMPLS[:-1]  # each over torch
 
 
 def table_rows(summary: dict[str, dict[str, float]]) -> list[list[str]]:
@@ -324,12 +353,14 @@ TABLE_HEADER = [
     "OpenVINO fp32",
     "OpenVINO bf16",
     "OpenVINO int8 weights",
+    "OpenVINO int8 static",
     "torch (official sam3)",
     "paddle/torch",
     "static/torch",
     "ov fp32/torch",
     "ov bf16/torch",
     "ov int8/torch",
+    "ov int8 static/torch",
 ]
 assert len(TABLE_HEADER) == 1 + len(IMPLS) + len(RATIOS)
 

@@ -14,8 +14,11 @@ from .common import (
     check_out_folder,
     family,
     load_model,
+    positive,
     source_of,
 )
+
+DEFAULT_CALIBRATION_IMAGES = 8
 
 # the ONNX-only options: (attribute, flag); set on a PIR export they are refused
 ONNX_OPTIONS = (
@@ -26,6 +29,8 @@ ONNX_OPTIONS = (
     ("dynamic_batch", "--dynamic-batch"),
     ("quantize", "--quantize"),
     ("opset", "--opset"),
+    ("calibration", "--calibration"),
+    ("calibration_images", "--calibration-images"),
 )
 
 
@@ -59,6 +64,7 @@ def _check_onnx_options(args: argparse.Namespace) -> dict:
         return {}
     from ..export.onnx import DEFAULT_OPSET, check_onnx_options
 
+    _check_calibration(args)
     opset = DEFAULT_OPSET if args.opset is None else args.opset
     try:
         check_onnx_options(opset, args.quantize)
@@ -66,6 +72,31 @@ def _check_onnx_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--{exc}") from None  # "--opset must be ...", "--quantize must be"
     options = {attr: bool(getattr(args, attr)) for attr, _ in ONNX_OPTIONS[:5]}
     return {**options, "quantize": args.quantize, "opset": opset}
+
+
+def _check_calibration(args: argparse.Namespace) -> None:
+    """--calibration needs --quantize int8; --calibration-images needs --calibration."""
+    if args.calibration is not None and not args.quantize:
+        raise ValueError("--calibration: the images calibrate --quantize int8; add it")
+    if args.calibration_images is not None and args.calibration is None:
+        raise ValueError("--calibration-images: how many of --calibration's images; add it")
+
+
+def calibration_images(args: argparse.Namespace) -> list | None:
+    """--calibration's images (at most --calibration-images, spread evenly over the sorted
+    list) as H x W x 3 uint8 arrays; None without --calibration."""
+    if args.calibration is None:
+        return None
+    import numpy as np
+
+    from ..label.sources import list_images
+    from ..predict.io import load_image
+
+    items = list_images(args.calibration)
+    n = min(len(items), args.calibration_images or DEFAULT_CALIBRATION_IMAGES)
+    picked = [items[i] for i in np.linspace(0, len(items) - 1, n).round().astype(int)]
+    print(f"calibrating int8 on {n} of {len(items)} images from {args.calibration}")
+    return [load_image(item.path) for item in picked]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -96,12 +127,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ValueError("--fused-attention applies to SAM 3 exports only")
     onnx_options = _check_onnx_options(args)
     if args.format == "onnx":
-        from ..export.onnx import _paddle2onnx, _quantizer
+        from ..export.onnx import _int8_tools, _paddle2onnx, _quantizer
         from ..export.onnx import export_onnx as export
 
         _paddle2onnx()  # a missing extra is reported before the model is loaded
         if args.quantize:
             _quantizer()
+        if args.calibration is not None:
+            _int8_tools()
+        onnx_options["calibration"] = calibration_images(args)
     else:
         from ..export.sam_v1 import export_sam as export
     sam = load_model(args)  # the bundled model with its notice when no --checkpoint
@@ -134,11 +168,15 @@ def _export_sam3(args: argparse.Namespace) -> int:
         return _export_sam3_samexporter(args)
     if args.format == "onnx":
         where = "for SAM v1 ONNX / SAM 3 PIR exports only"
-        _refuse_other_options(args, where, allowed=("quantize",))
+        _refuse_other_options(
+            args, where, allowed=("quantize", "calibration", "calibration_images")
+        )
+        _check_calibration(args)
         if args.quantize:
             from ..export.onnx import _int8_tools
 
             _int8_tools()  # a missing extra is named before the model is loaded
+        calibration = calibration_images(args)
     else:
         _check_onnx_options(args)
     source = source_of(args, "sam3")
@@ -158,6 +196,7 @@ def _export_sam3(args: argparse.Namespace) -> int:
             source_sha256=sha,
             overwrite=args.overwrite,
             quantize=args.quantize,
+            calibration=calibration,
         )
         int8 = " + vision_backbone.int8.xml/.bin" if args.quantize else ""
         print(
@@ -305,7 +344,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="SAM v1: also write image_encoder.quant.onnx and prompt_decoder.quant.onnx, "
         "dynamically quantised by onnxruntime (uint8 weights), as the official script's "
         "--quantize-out; SAM 3: also vision_backbone.int8.xml/.bin, the backbone with int8 "
-        "weights for OpenVINO (NNCF; the int8 extra), run with --precision int8",
+        "weights for OpenVINO (NNCF; the int8 extra), run with --precision int8; with "
+        "--calibration, int8 activations too (SAM v1: image_encoder.int8.xml/.bin)",
+    )
+    onnx.add_argument(
+        "--calibration",
+        default=None,
+        metavar="IMAGES",
+        help="with --quantize int8: images like those the model will see (a folder, a glob, a "
+        ".txt list or a COCO .json, as for label) to calibrate int8 activations on; the image "
+        "encoder (SAM v1: image_encoder.int8.xml/.bin) or backbone (SAM 3) then runs with "
+        "int8 weights and activations on OpenVINO with --precision int8, the fastest int8 "
+        "path measured (the openvino and int8 extras)",
+    )
+    onnx.add_argument(
+        "--calibration-images",
+        type=positive(int),
+        default=None,
+        help=f"how many of --calibration's images to use, spread evenly over them (default "
+        f"{DEFAULT_CALIBRATION_IMAGES}; each costs about two image-encoder runs)",
     )
     add_model_args(x, families=("sam_v1", "sam2", "sam3"))
     x.set_defaults(func=cmd_export)

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from .._runtime import cpu_count
-from ..export.onnx import DECODER_OUTPUTS, ONNX_FORMAT, ONNX_FORMAT_VERSION
+from ..export.onnx import DECODER_OUTPUTS, ENCODER_INT8, ONNX_FORMAT, ONNX_FORMAT_VERSION
 from ..export.sam_v1 import MANIFEST, PROGRAMS
 from .openvino import compile_onnx
 from .sam_v1 import ExportedSamPredictor, ExportFormatError, read_manifest
@@ -25,8 +25,10 @@ class OnnxSamPredictor(ExportedSamPredictor):
     onnxruntime execution providers (default: the CPU); quantized: run the int8 variants
     (``*.quant.onnx``, an export with ``quantize="int8"``). encoder_runtime: ``"openvino"``
     runs the image encoder on OpenVINO (the ``openvino`` extra; faster on the CPUs measured,
-    docs/performance.md), in ``precision`` fp32 or bf16 (CPUs with avx512_bf16 or AMX;
-    approximate); the decoder stays on onnxruntime.
+    docs/performance.md), in ``precision`` fp32, bf16 (CPUs with avx512_bf16 or AMX;
+    approximate) or int8 (the calibrated int8 encoder of an export with ``calibration``
+    images, ``--quantize int8 --calibration DIR``; approximate); the decoder stays on
+    onnxruntime in fp32.
 
     The decoder's options come from the manifest. An export with ``return_single_mask``
     answers every prompt with one mask, the one upstream's rule picks (the best multimask
@@ -97,7 +99,17 @@ class OnnxSamPredictor(ExportedSamPredictor):
         self.encoder_runtime, self.precision = encoder_runtime, precision
         self._openvino = None
         if encoder_runtime == "openvino":
-            compiled = compile_onnx(self.export_dir / files["image_encoder"], precision, threads)
+            encoder = self.export_dir / files["image_encoder"]
+            if precision == "int8":
+                int8 = (manifest.get("programs") or {}).get(ENCODER_INT8)
+                if not int8:
+                    raise ExportFormatError(
+                        f"precision int8 on OpenVINO: {self.export_dir} has no calibrated int8 "
+                        "encoder; export it with quantize='int8' and calibration images "
+                        "(--quantize int8 --calibration DIR)"
+                    )
+                encoder = self.export_dir / int8[0]
+            compiled = compile_onnx(encoder, precision, threads)
             self._openvino = (compiled, compiled.create_infer_request())
             del self._sessions["image_encoder"]  # one copy of the encoder's weights
         names = {o.name for o in self._sessions["prompt_decoder"].get_outputs()}

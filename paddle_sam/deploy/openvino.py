@@ -3,8 +3,9 @@ one place that compiles a file for the CPU in a stated precision.
 
 OpenVINO computes in bf16 by itself on CPUs with ``avx512_bf16`` or AMX; here the precision is
 always set: ``fp32`` (the exported model's answer, to about 1e-5) unless ``bf16`` is asked for,
-which is refused by name on a CPU without it. ``int8`` compiles a file whose weights are int8
-(``export --quantize int8``) with fp32 activations.
+which is refused by name on a CPU without it. ``int8`` compiles a file quantised by
+``export --quantize int8`` (int8 weights; with ``--calibration``, int8 activations too), its
+other operations in fp32.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 
 from .._runtime import bf16_refusal, get_num_threads
 
-#: precision -> OpenVINO's INFERENCE_PRECISION_HINT; int8 is a file with int8 weights
-#: (``export --quantize int8``), its activations computed in fp32
+#: precision -> OpenVINO's INFERENCE_PRECISION_HINT; int8 is a file quantised by
+#: ``export --quantize int8``, what it left in float computed in fp32
 PRECISIONS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 
 
@@ -45,8 +46,9 @@ def check_precision(precision: str) -> None:
 def compile_onnx(
     path: str | os.PathLike, precision: str = "fp32", threads: int | None = None
 ) -> Any:
-    """``path`` compiled for the CPU: ``precision`` fp32 or bf16, ``threads`` inference
-    threads (default: the process's Paddle thread count)."""
+    """``path`` (ONNX, or OpenVINO's .xml) compiled for the CPU: ``precision`` fp32, bf16, or
+    int8 for an int8 file; ``threads`` inference threads (default: the process's Paddle
+    thread count)."""
     check_precision(precision)
     ov = openvino_module()
     threads = int(threads or get_num_threads() or os.cpu_count() or 1)

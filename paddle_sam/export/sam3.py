@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,7 +56,6 @@ ONNX_FORMAT = "paddle-sam/sam3-onnx"
 ONNX_FORMAT_VERSION = 1
 VISION = "vision_backbone"
 VISION_INT8 = "vision_backbone_int8"  # the manifest's program of --quantize int8
-INT8_SUFFIX = ".int8"
 WEIGHTS = "model.pdparams"
 VISION_PREFIX = "backbone.vision_backbone."
 #: the ONNX opset (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
@@ -290,6 +289,7 @@ def export_sam3_onnx(
     overwrite: bool = False,
     spec: Sam3Spec | None = None,
     quantize: str | None = None,
+    calibration: Iterable[np.ndarray] | None = None,
 ) -> dict:
     """Write the vision backbone (ViT trunk and both necks: about four fifths of an image's
     time) as ``vision_backbone.onnx`` (its weights in ``vision_backbone.onnx.data``, over
@@ -304,17 +304,29 @@ def export_sam3_onnx(
     clicks and video need it.
 
     ``quantize="int8"``: also ``vision_backbone.int8.xml`` / ``.bin``, the backbone for
-    OpenVINO with int8 weights (:func:`~paddle_sam.export.onnx.compress_weights_int8`;
+    OpenVINO with int8 weights, and with ``calibration`` (H x W x 3 uint8 RGB images) int8
+    activations too, calibrated on them (:func:`~paddle_sam.export.onnx.quantize_int8`;
     ``precision="int8"`` at load time runs it). Approximate: its cost is measured, not
     assumed (docs/performance.md)."""
     from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
-    from .onnx import _convert, _finish_graph, _int8_tools, _paddle2onnx, compress_weights_int8
+    from ..predict.sam3.processor import preprocess_sam3_image
+    from .onnx import (
+        INT8_SUFFIX,
+        _convert,
+        _finish_graph,
+        _int8_tools,
+        _paddle2onnx,
+        checked_rgb,
+        quantize_int8,
+    )
 
     spec = spec if spec is not None else getattr(model, "spec", None)
     if spec is None:
         raise ValueError("model has no .spec; build it with build_sam3_image_model or load_sam3")
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
+    if calibration is not None and not quantize:
+        raise ValueError("calibration images are for quantize='int8'")
     if quantize:  # a missing extra is named before any work
         _int8_tools()
     p2o = _paddle2onnx()  # a missing extra is named before any work
@@ -324,10 +336,15 @@ def export_sam3_onnx(
     int8_names = [f"{VISION}{INT8_SUFFIX}.xml", f"{VISION}{INT8_SUFFIX}.bin"] if quantize else []
     sidecar = sidecar_path(WEIGHTS).name
     check_outputs(out, [onnx_name, data_name, *int8_names, WEIGHTS, sidecar, MANIFEST], overwrite)
+    size = int(model.backbone.vision_backbone.trunk.img_size)
+    if calibration is not None:
+        calibration = [
+            preprocess_sam3_image(checked_rgb(image, f"calibration image {i}"), size)[None]
+            for i, image in enumerate(calibration)
+        ]
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     levels = vision_levels(model)
-    size = int(model.backbone.vision_backbone.trunk.img_size)
     names = tuple(f"sam3_fpn_{i}" for i in range(len(levels["sam3"])))
     names += tuple(f"sam2_fpn_{i}" for i in range(len(levels["sam2"])))
     with tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-") as tmp:
@@ -344,7 +361,7 @@ def export_sam3_onnx(
     programs = {VISION: [onnx_name, data_name]}
     quantized = {}
     if quantize:
-        quantized = {"int8": compress_weights_int8(out / onnx_name, out / int8_names[0])}
+        quantized = {"int8": quantize_int8(out / onnx_name, out / int8_names[0], calibration)}
         programs[VISION_INT8] = int8_names
     if state is None:
         state = {k: np.asarray(v.numpy(), np.float32) for k, v in model.state_dict().items()}

@@ -262,13 +262,17 @@ def _paddle_inference_sam_v1(source: Source, options: dict) -> Any:
 
 
 def _onnxruntime_sam_v1(source: Source, options: dict) -> Any:
-    """onnxruntime; ``precision`` bf16: the encoder on OpenVINO in bf16; int8: the export's
-    int8 files (``--quantize int8``)."""
+    """onnxruntime; ``precision`` bf16: the encoder on OpenVINO in bf16; int8: the encoder
+    calibrated for OpenVINO where the export has it (``--quantize int8 --calibration``, the
+    faster int8 path), else onnxruntime's int8 files (``--quantize int8``)."""
     from ..deploy.onnx import OnnxSamPredictor
+    from ..export.onnx import ENCODER_INT8
 
     precision = options.get("precision", "fp32")
     if precision == "bf16":
         return OnnxSamPredictor(source.path, encoder_runtime="openvino", precision="bf16")
+    if precision == "int8" and ENCODER_INT8 in (source.meta.get("programs") or {}):
+        return OnnxSamPredictor(source.path, encoder_runtime="openvino", precision="int8")
     return OnnxSamPredictor(source.path, quantized=precision == "int8")
 
 

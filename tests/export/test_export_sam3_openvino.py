@@ -291,6 +291,64 @@ def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
     assert_user_error(capsys, [*seg, "--exported", exported, "-o", tmp_path / "r"], "int8")
 
 
+def _ov_op_types(xml: Path) -> set[str]:
+    import openvino as ov
+
+    return {op.get_type_name() for op in ov.Core().read_model(str(xml)).get_ops()}
+
+
+def test_calibrated_int8_backbone(dynamic, ckpt, image, tmp_path, capsys):
+    """``--quantize int8 --calibration IMAGES``: the backbone with int8 activations too
+    (quantise nodes on the activations, which the weights-only file has none of), calibrated
+    on the images given; ``precision="int8"`` runs it close to fp32. Calibration images of
+    the wrong kind, or without --quantize, are refused by name."""
+    pytest.importorskip("nncf")
+    from PIL import Image
+
+    rng = np.random.default_rng(11)
+    images = scene(4, H, W)[1:]  # frames other than the test image
+    out = tmp_path / "static"
+    manifest = export_sam3_onnx(
+        dynamic, out, state=read_pdparams(ckpt), quantize="int8", calibration=images
+    )
+    info = manifest["quantized"]["int8"]
+    assert info["calibration_images"] == 3 and "activations" in info["method"]
+    assert "FakeQuantize" in _ov_op_types(out / "vision_backbone.int8.xml")
+    fp32, int8 = (load_sam3_export(out, precision=p) for p in ("fp32", "int8"))
+    x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
+    y = Sam3Processor(int8, resolution=SPEC.image_size).set_image(image)
+    for level in range(len(x["backbone_out"]["backbone_fpn"])):
+        a = x["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        b = y["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        assert not np.array_equal(a, b)
+        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+    with pytest.raises(ValueError, match="calibration image 1"):
+        bad = [images[0], rng.random((H, W, 3))]
+        export_sam3_onnx(dynamic, tmp_path / "bad", quantize="int8", calibration=bad)
+    with pytest.raises(ValueError, match="quantize='int8'"):
+        export_sam3_onnx(dynamic, tmp_path / "bad", calibration=images)
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i, im in enumerate(images):
+        Image.fromarray(im).save(folder / f"{i}.png")
+    argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--calibration", folder]
+    assert_user_error(capsys, [*argv, "-o", tmp_path / "c"], "--quantize int8")
+    argv += ["--quantize", "int8", "--calibration-images", "2", "-o", tmp_path / "c"]
+    assert run(argv) == 0
+    assert "on 2 of 3 images" in capsys.readouterr().out
+    listed = json.loads((tmp_path / "c" / "export.json").read_text())
+    assert listed["quantized"]["int8"]["calibration_images"] == 2
+
+
+def test_weights_only_int8_has_float_activations(dynamic, tmp_path):
+    """Without calibration images the int8 file quantises weights only: no activation is
+    quantised (the calibrated file's FakeQuantize nodes are absent)."""
+    pytest.importorskip("nncf")
+    out = tmp_path / "w"
+    export_sam3_onnx(dynamic, out, quantize="int8")
+    assert "FakeQuantize" not in _ov_op_types(out / "vision_backbone.int8.xml")
+
+
 def _served_text_scores(argv: list, image: np.ndarray) -> tuple[dict, list[float]]:
     import uvicorn
     from fastapi.testclient import TestClient

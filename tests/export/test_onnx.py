@@ -424,3 +424,71 @@ def test_cli_precision_int8_runs_the_int8_files(exported, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main([*common, str(plain), "--precision", "int8", "-o", str(tmp_path / "r")]) == 2
     assert "--quantize int8" in capsys.readouterr().err
+
+
+def test_calibrated_int8_encoder_on_openvino(checkpoint, model, pair, tmp_path, capsys):
+    """``--quantize int8 --calibration IMAGES``: besides onnxruntime's files, the encoder for
+    OpenVINO with int8 weights and activations calibrated on the images (activation quantise
+    nodes in the file, a quarter of the weight bytes), which ``--precision int8`` then runs
+    (the decoder in fp32): close to fp32, not equal to it. Refused by name: calibration
+    without --quantize, an image of the wrong kind, int8 on OpenVINO without the file."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    import openvino
+    from PIL import Image
+
+    from paddle_sam import cli, loading
+
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(image(H, W, seed=20 + i)).save(folder / f"{i}.png")
+    out = tmp_path / "int8"
+    base = ["export", "--format", "onnx", "--checkpoint", str(checkpoint), "-o", str(out)]
+    assert cli.main([*base, "--calibration", str(folder)]) == 2
+    assert "--quantize int8" in capsys.readouterr().err
+    assert cli.main([*base, "--quantize", "int8", "--calibration", str(folder)]) == 0
+    assert "on 3 of 3 images" in capsys.readouterr().out
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["programs"]["image_encoder_int8"] == [
+        "image_encoder.int8.xml",
+        "image_encoder.int8.bin",
+    ]
+    info = manifest["quantized"]["openvino"]
+    assert info["calibration_images"] == 3 and "activations" in info["method"]
+    assert (out / "image_encoder.quant.onnx").is_file()  # onnxruntime's files as before
+    ops = openvino.Core().read_model(str(out / "image_encoder.int8.xml")).get_ops()
+    assert "FakeQuantize" in {op.get_type_name() for op in ops}
+    assert (out / "image_encoder.int8.bin").stat().st_size < 0.6 * (
+        out / "image_encoder.onnx"
+    ).stat().st_size
+
+    op, _ = pair  # the same weights, fp32 on onnxruntime
+    q = loading.load_image_predictor(loading.resolve(exported=out), precision="int8")
+    assert (q.encoder_runtime, q.precision) == ("openvino", "int8")
+    img = image(H, W, seed=6)
+    q.set_image(img)
+    emb, got = op.get_image_embedding(), q.get_image_embedding()
+    cosine = float((emb * got).sum() / np.linalg.norm(emb) / np.linalg.norm(got))
+    assert not np.array_equal(emb, got) and cosine > 0.99, cosine
+    prompt = {"point_coords": np.array([[60.0, 40.0]]), "point_labels": np.array([1])}
+    ious = [
+        _iou(a, b) for a, b in zip(op.predict(**prompt)[0], q.predict(**prompt)[0], strict=True)
+    ]
+    print(f"\ncalibrated int8 vs fp32: embedding cosine {cosine:.5f}, mask IoUs {ious}")
+    assert min(ious) > 0.8
+
+    Image.fromarray(img).save(tmp_path / "img.png")
+    seg = ["segment", str(tmp_path / "img.png"), "--point", "60,40", "--precision", "int8"]
+    assert cli.main([*seg, "--exported", str(out), "-o", str(tmp_path / "s")]) == 0
+    _, scores, _ = q.predict(**prompt)
+    result = json.loads((tmp_path / "s" / "result.json").read_text())
+    np.testing.assert_allclose(result["scores"], scores, atol=1e-6)
+
+    with pytest.raises(ValueError, match="calibration image 0"):
+        export_onnx(model, tmp_path / "x", quantize="int8", calibration=[img[..., :2]])
+    with pytest.raises(ValueError, match="quantize='int8'"):
+        export_onnx(model, tmp_path / "x", calibration=[img])
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ExportFormatError, match="--calibration"):
+        OnnxSamPredictor(pair[0].export_dir, encoder_runtime="openvino", precision="int8")

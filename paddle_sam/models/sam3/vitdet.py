@@ -92,8 +92,9 @@ def get_abs_pos(
     if size == h and size == w:
         return abs_pos.reshape([1, h, w, -1])
     grid = abs_pos.reshape([1, size, size, -1])
-    if tiling:
-        grid = grid.tile([1, h // size + 1, w // size + 1, 1])
+    if tiling:  # as concatenations: a traced tile's repeats reach ONNX with an unknown length
+        grid = paddle.concat([grid] * (h // size + 1), axis=1)
+        grid = paddle.concat([grid] * (w // size + 1), axis=2)
         return grid[:, :h, :w, :]
     grid = F.interpolate(
         grid.transpose([0, 3, 1, 2]), size=[h, w], mode="bicubic", align_corners=False
