@@ -284,8 +284,8 @@ def quantize_int8(
     graph's input for each calibration image, preprocessed as the runtime does): NNCF's
     post-training quantisation, weights and activations int8 (static scales from these
     inputs, SmoothQuant for the MatMuls; NNCF's transformer preset, which leaves softmax,
-    normalisations and GELU in float). Either way the file and the memory the weights take
-    shrink to about a quarter."""
+    normalisations and GELU in float; the attention products stay float too). Either way
+    the file and the memory the weights take shrink to about a quarter."""
     nncf, ov = _int8_tools()
     model = ov.Core().read_model(str(onnx_path))
     if calibration is None:
@@ -301,10 +301,12 @@ def quantize_int8(
             nncf.Dataset(data),
             subset_size=len(data),
             model_type=nncf.ModelType.TRANSFORMER,
-            # table lookups (relative and absolute position tables) stay float: NNCF 3.4's
-            # quantiser propagation fails on SAM v1's (KeyError on the Gather node) and they
-            # cost nothing to compute
-            ignored_scope=nncf.IgnoredScope(types=["Gather"], validate=False),
+            # float: the attention products (calibrating them has NNCF fetch every attention
+            # matrix of an image: SAM 3's backbone ran out of 23 GB) and the table lookups of
+            # the position tables (NNCF 3.4's quantiser propagation fails on SAM v1's Gather)
+            ignored_scope=nncf.IgnoredScope(
+                names=activation_matmuls(model), types=["Gather"], validate=False
+            ),
         )
         method = (
             "weights and activations int8, static scales from calibration images "
@@ -313,6 +315,29 @@ def quantize_int8(
         extra = {"calibration_images": len(data)}
     ov.save_model(model, str(xml_path), compress_to_fp16=False)
     return {"method": method, **extra, "nncf": nncf.__version__, "openvino": ov.__version__}
+
+
+def activation_matmuls(model) -> list[str]:
+    """The names of an OpenVINO model's MatMuls of two activations (neither input computed
+    from constants alone): attention scores and their products with the values."""
+    constant: dict[str, bool] = {}
+
+    def is_constant(node) -> bool:
+        key = node.get_friendly_name()
+        if key not in constant:
+            kind = node.get_type_name()
+            ins = [i.get_source_output().get_node() for i in node.inputs()]
+            constant[key] = kind == "Constant" or (
+                kind != "Parameter" and bool(ins) and all(is_constant(n) for n in ins)
+            )
+        return constant[key]
+
+    return [
+        op.get_friendly_name()
+        for op in model.get_ordered_ops()  # inputs first: the recursion stays shallow
+        if op.get_type_name() == "MatMul"
+        and not any(is_constant(i.get_source_output().get_node()) for i in op.inputs())
+    ]
 
 
 def check_onnx_options(opset: int, quantize: str | None) -> None:
@@ -552,6 +577,8 @@ def export_onnx(
     if calibration is not None:
         _int8_tools()  # a missing extra is named before any work
         calibration = list(encoder_inputs(sam, calibration))
+        if not calibration:
+            raise ValueError("calibration: no images; give at least one")
     out = Path(out_dir)
     programs = {p: [f"{p}.onnx"] + ([f"{p}{QUANT_SUFFIX}"] if quantize else []) for p in PROGRAMS}
     if calibration is not None:

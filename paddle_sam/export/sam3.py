@@ -342,6 +342,8 @@ def export_sam3_onnx(
             preprocess_sam3_image(checked_rgb(image, f"calibration image {i}"), size)[None]
             for i, image in enumerate(calibration)
         ]
+        if not calibration:
+            raise ValueError("calibration: no images; give at least one")
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     levels = vision_levels(model)
