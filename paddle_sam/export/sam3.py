@@ -25,6 +25,7 @@ an export on a GPU or on a CPU without AVX-512, naming the option that exports w
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -56,6 +57,7 @@ ONNX_FORMAT = "paddle-sam/sam3-onnx"
 ONNX_FORMAT_VERSION = 1
 VISION = "vision_backbone"
 VISION_INT8 = "vision_backbone_int8"  # the manifest's program of --quantize int8
+INT8_FILES = (f"{VISION}.int8.xml", f"{VISION}.int8.bin")
 WEIGHTS = "model.pdparams"
 VISION_PREFIX = "backbone.vision_backbone."
 #: the ONNX opset (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
@@ -309,16 +311,7 @@ def export_sam3_onnx(
     ``precision="int8"`` at load time runs it). Approximate: its cost is measured, not
     assumed (docs/performance.md)."""
     from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
-    from ..predict.sam3.processor import preprocess_sam3_image
-    from .onnx import (
-        INT8_SUFFIX,
-        _convert,
-        _finish_graph,
-        _int8_tools,
-        _paddle2onnx,
-        checked_rgb,
-        quantize_int8,
-    )
+    from .onnx import _convert, _finish_graph, _int8_tools, _paddle2onnx
 
     spec = spec if spec is not None else getattr(model, "spec", None)
     if spec is None:
@@ -333,17 +326,12 @@ def export_sam3_onnx(
     out = Path(out_dir)
     onnx_name = f"{VISION}.onnx"
     data_name = f"{onnx_name}.data"
-    int8_names = [f"{VISION}{INT8_SUFFIX}.xml", f"{VISION}{INT8_SUFFIX}.bin"] if quantize else []
     sidecar = sidecar_path(WEIGHTS).name
+    int8_names = list(INT8_FILES) if quantize else []
     check_outputs(out, [onnx_name, data_name, *int8_names, WEIGHTS, sidecar, MANIFEST], overwrite)
     size = int(model.backbone.vision_backbone.trunk.img_size)
     if calibration is not None:
-        calibration = [
-            preprocess_sam3_image(checked_rgb(image, f"calibration image {i}"), size)[None]
-            for i, image in enumerate(calibration)
-        ]
-        if not calibration:
-            raise ValueError("calibration: no images; give at least one")
+        calibration = calibration_inputs(calibration, size)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
     levels = vision_levels(model)
@@ -360,11 +348,6 @@ def export_sam3_onnx(
         _convert(p2o, Path(tmp), VISION, raw, OPSET)
         # the outputs named, the weights as initializers, stored beside the graph
         _finish_graph(raw, VISION, names, {}, dst=out / onnx_name, external=data_name)
-    programs = {VISION: [onnx_name, data_name]}
-    quantized = {}
-    if quantize:
-        quantized = {"int8": quantize_int8(out / onnx_name, out / int8_names[0], calibration)}
-        programs[VISION_INT8] = int8_names
     if state is None:
         state = {k: np.asarray(v.numpy(), np.float32) for k, v in model.state_dict().items()}
     kept = {k: v for k, v in state.items() if not k.startswith(VISION_PREFIX)}
@@ -373,10 +356,10 @@ def export_sam3_onnx(
     meta = sidecar_meta("sam3", "sam3", spec, source, interactive=interactive)
     save_pdparams(kept, out / WEIGHTS, meta)
     text = model.backbone.language_backbone
-    return write_manifest(
+    manifest = write_manifest(
         out,
         ONNX_FORMAT,
-        {**programs, "weights": [WEIGHTS, sidecar]},
+        {VISION: [onnx_name, data_name], "weights": [WEIGHTS, sidecar]},
         format_version=ONNX_FORMAT_VERSION,
         model_type="sam3",
         source_sha256=source_sha256,
@@ -385,8 +368,57 @@ def export_sam3_onnx(
         context_length=int(text.context_length) if text is not None else None,
         levels=levels,
         opset=OPSET,
-        quantized=quantized,
+        quantized={},
     )
+    if quantize:  # the names were checked above
+        return quantize_sam3_export(out, calibration, overwrite=True, preprocessed=True)
+    return manifest
+
+
+def calibration_inputs(images: Iterable[np.ndarray], size: int) -> list[np.ndarray]:
+    """The backbone's input (1 x 3 x size x size float32) for each H x W x 3 uint8 RGB image."""
+    from ..predict.sam3.processor import preprocess_sam3_image
+    from .onnx import checked_rgb
+
+    inputs = [
+        preprocess_sam3_image(checked_rgb(image, f"calibration image {i}"), size)[None]
+        for i, image in enumerate(images)
+    ]
+    if not inputs:
+        raise ValueError("calibration: no images; give at least one")
+    return inputs
+
+
+def quantize_sam3_export(
+    out_dir: str | os.PathLike,
+    calibration: Iterable[np.ndarray] | None = None,
+    *,
+    overwrite: bool = False,
+    preprocessed: bool = False,
+) -> dict:
+    """Add ``vision_backbone.int8.xml`` / ``.bin`` to a :func:`export_sam3_onnx` folder: the
+    backbone for OpenVINO with int8 weights, and with ``calibration`` (H x W x 3 uint8 RGB
+    images; ``preprocessed``: already the backbone's inputs) int8 activations too,
+    calibrated on them (:func:`~paddle_sam.export.onnx.quantize_int8`; ``precision="int8"``
+    at load time runs it). Reads only the folder: call it once the model that was exported
+    is freed, calibration takes memory (about 23 GB peak for the full-size backbone with the
+    model still loaded, docs/export.md). Returns the updated manifest."""
+    from .onnx import _int8_tools, quantize_int8
+
+    _int8_tools()
+    out = Path(out_dir)
+    manifest = json.loads((out / MANIFEST).read_text())
+    if manifest.get("format") != ONNX_FORMAT:
+        raise ValueError(f"{out / MANIFEST}: not a SAM 3 ONNX export ({ONNX_FORMAT})")
+    check_outputs(out, list(INT8_FILES), overwrite)
+    if calibration is not None and not preprocessed:
+        calibration = calibration_inputs(calibration, int(manifest["image_size"]))
+    info = quantize_int8(out / manifest["programs"][VISION][0], out / INT8_FILES[0], calibration)
+    manifest["programs"][VISION_INT8] = list(INT8_FILES)
+    manifest["quantized"] = {"int8": info}
+    text = json.dumps(manifest, indent=2)
+    (out / MANIFEST).write_text(text + "\n")
+    return json.loads(text)
 
 
 # samexporter's layout (export_sam3_samexporter): three ONNX files whose names, inputs and
