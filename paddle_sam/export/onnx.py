@@ -16,6 +16,7 @@ as upstream's ``--quantize-out``).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -289,25 +290,27 @@ def quantize_int8(
     nncf, ov = _int8_tools()
     model = ov.Core().read_model(str(onnx_path))
     if calibration is None:
-        model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        with quiet_logger("nncf"):
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
         method = "weights only, int8 asymmetric per output channel (NNCF compress_weights)"
         extra = {}
     else:
         data = [np.ascontiguousarray(x, np.float32) for x in calibration]
         if not data:
             raise ValueError("calibration: no images; give at least one")
-        model = nncf.quantize(
-            model,
-            nncf.Dataset(data),
-            subset_size=len(data),
-            model_type=nncf.ModelType.TRANSFORMER,
-            # float: the attention products (calibrating them has NNCF fetch every attention
-            # matrix of an image: SAM 3's backbone ran out of 23 GB) and the table lookups of
-            # the position tables (NNCF 3.4's quantiser propagation fails on SAM v1's Gather)
-            ignored_scope=nncf.IgnoredScope(
-                names=activation_matmuls(model), types=["Gather"], validate=False
-            ),
-        )
+        with quiet_logger("nncf"):  # INFO: one line per layer it leaves float
+            model = nncf.quantize(
+                model,
+                nncf.Dataset(data),
+                subset_size=len(data),
+                model_type=nncf.ModelType.TRANSFORMER,
+                # float: the attention products (calibrating them has NNCF fetch every attention
+                # matrix of an image: SAM 3's backbone ran out of 23 GB) and the table lookups of
+                # the position tables (NNCF 3.4's quantiser propagation fails on SAM v1's Gather)
+                ignored_scope=nncf.IgnoredScope(
+                    names=activation_matmuls(model), types=["Gather"], validate=False
+                ),
+            )
         method = (
             "weights and activations int8, static scales from calibration images "
             "(NNCF quantize, transformer preset)"
@@ -315,6 +318,19 @@ def quantize_int8(
         extra = {"calibration_images": len(data)}
     ov.save_model(model, str(xml_path), compress_to_fp16=False)
     return {"method": method, **extra, "nncf": nncf.__version__, "openvino": ov.__version__}
+
+
+@contextmanager
+def quiet_logger(name: str, level: int = logging.WARNING) -> Iterator[None]:
+    """The ``name`` logger raised to ``level`` for the block (its INFO chatter is not for
+    users), set back afterwards."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 def activation_matmuls(model) -> list[str]:

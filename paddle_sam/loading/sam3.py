@@ -346,9 +346,10 @@ def load_sam3_export(
                     tracker_cls=Sam3TrackerVideoPredictor,
                 )
     if kind != "tracker":
-        load_state_strict(
-            detector, convert_sam3.select_for_model(state, model_shapes(detector), where=where)
-        )
+        selected = convert_sam3.select_for_model(state, model_shapes(detector), where=where)
+        if kind == "image":  # nothing else reads them: each array is freed once copied in
+            state.clear()
+        load_state_strict(detector, selected)
         if kind == "image":
             return detector
     try:
