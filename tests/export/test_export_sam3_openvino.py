@@ -258,6 +258,19 @@ def test_cli_export_segment_and_track(ckpt, tmp_path, image, capsys):
     assert not (tmp_path / "q").exists()
 
 
+def _int8_close_to_fp32(folder: Path, image: np.ndarray) -> None:
+    """The export's int8 backbone moves every FPN level (int8 really applied) and keeps it
+    close to fp32's (cosine > 0.99)."""
+    fp32, int8 = (load_sam3_export(folder, precision=p) for p in ("fp32", "int8"))
+    x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
+    y = Sam3Processor(int8, resolution=SPEC.image_size).set_image(image)
+    for level in range(len(x["backbone_out"]["backbone_fpn"])):
+        a = x["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        b = y["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        assert not np.array_equal(a, b)
+        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+
+
 def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
     """``--quantize int8``: the backbone again with int8 weights (a quarter of the bytes),
     which ``precision="int8"`` runs: close to fp32, not equal to it; an export without it
@@ -272,14 +285,7 @@ def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
     assert manifest["quantized"]["int8"]["nncf"]
     fp32_bytes = (out / "vision_backbone.onnx.data").stat().st_size
     assert (out / "vision_backbone.int8.bin").stat().st_size < 0.35 * fp32_bytes
-    fp32, int8 = (load_sam3_export(out, precision=p) for p in ("fp32", "int8"))
-    x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
-    y = Sam3Processor(int8, resolution=SPEC.image_size).set_image(image)
-    for level in range(len(x["backbone_out"]["backbone_fpn"])):
-        a = x["backbone_out"]["backbone_fpn"][level].numpy().ravel()
-        b = y["backbone_out"]["backbone_fpn"][level].numpy().ravel()
-        assert not np.array_equal(a, b)  # int8 really applied
-        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+    _int8_close_to_fp32(out, image)
     with pytest.raises(ValueError, match="quantize int8"):
         load_sam3_export(exported, precision="int8")
     from PIL import Image
@@ -314,14 +320,7 @@ def test_calibrated_int8_backbone(dynamic, ckpt, image, tmp_path, capsys):
     info = manifest["quantized"]["int8"]
     assert info["calibration_images"] == 3 and "activations" in info["method"]
     assert "FakeQuantize" in _ov_op_types(out / "vision_backbone.int8.xml")
-    fp32, int8 = (load_sam3_export(out, precision=p) for p in ("fp32", "int8"))
-    x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
-    y = Sam3Processor(int8, resolution=SPEC.image_size).set_image(image)
-    for level in range(len(x["backbone_out"]["backbone_fpn"])):
-        a = x["backbone_out"]["backbone_fpn"][level].numpy().ravel()
-        b = y["backbone_out"]["backbone_fpn"][level].numpy().ravel()
-        assert not np.array_equal(a, b)
-        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+    _int8_close_to_fp32(out, image)
     with pytest.raises(ValueError, match="calibration image 1"):
         bad = [images[0], rng.random((H, W, 3))]
         export_sam3_onnx(dynamic, tmp_path / "bad", quantize="int8", calibration=bad)
