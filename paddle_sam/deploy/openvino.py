@@ -94,9 +94,14 @@ class OpenVinoProgram:
         per_image = []
         with self._lock:
             for i in range(images.shape[0]):
-                results = self._request.infer({0: images[i : i + 1]})
-                per_image.append([np.array(results[out]) for out in self.compiled.outputs])
-        outputs = [np.concatenate(level, axis=0) for level in zip(*per_image, strict=True)]
+                # infer's arrays are the request's outputs copied out (share_outputs=False):
+                # the caller's to own, not copied again (SAM 3's levels are ~0.2 GB an image)
+                results = self._request.infer({0: images[i : i + 1]}, share_outputs=False)
+                per_image.append([results[out] for out in self.compiled.outputs])
+        if len(per_image) == 1:
+            outputs = per_image[0]
+        else:
+            outputs = [np.concatenate(level, axis=0) for level in zip(*per_image, strict=True)]
         for got, shape in zip(outputs, self.shapes, strict=True):
             if list(got.shape[1:]) != shape:
                 raise ValueError(

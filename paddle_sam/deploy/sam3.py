@@ -211,7 +211,8 @@ class OpenVinoVisionBackbone(nn.Layer):
     ``position_encoding``: the neck's (no weights: a function of the maps' shapes).
     ``levels``: the manifest's ``{"sam3": [[d, h, w], ...], "sam2": [...]}``.
     ``precision``: ``fp32``, ``bf16`` (CPUs with avx512_bf16 or AMX, detected here) or
-    ``int8`` (``onnx_path`` then the int8-weight file of ``export --quantize int8``);
+    ``int8`` (``onnx_path`` then the int8 file of ``export --quantize int8``: int8 weights,
+    and activations too with ``--calibration``);
     ``threads``: OpenVINO's inference threads (default: the process's Paddle thread count).
     """
 
