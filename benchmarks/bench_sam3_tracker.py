@@ -235,7 +235,12 @@ def run_paddle_worker(args) -> dict:
     if args.threads:
         paddle_sam.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    tracker = load_sam3_tracker(args.checkpoint)
+    if args.exported:  # the export's backbone on OpenVINO, the rest from its weights
+        from paddle_sam.loading.sam3 import load_sam3_export
+
+        tracker = load_sam3_export(args.exported, "tracker", precision=args.precision)
+    else:
+        tracker = load_sam3_tracker(args.checkpoint)
     gc.collect()
     load_s = time.perf_counter() - t0
     rss_after_load = rss_mb()
@@ -339,15 +344,15 @@ def worker_main(args) -> None:
 def prepare(tmp: Path, frames: int) -> dict[str, str]:
     """The video folder and the weights: released-layout ``.pt`` and its conversion."""
     from paddle_sam.convert.checkpoint import convert_checkpoint
+    from tests.helpers.video import write_frames
     from tests.models.test_full_size_sam3_tracker import (
         build_official_tracker,
         release_memory,
         scene,
         write_random_checkpoint,
-        write_video,
     )
 
-    video = write_video(tmp / "video", scene(frames, HW))
+    video = write_frames(scene(frames, HW), tmp / "video")
     pt, pdparams = tmp / "sam3_random.pt", tmp / "sam3_random.pdparams"
     official = build_official_tracker()
     write_random_checkpoint(pt, official, seed=v1.SEED)
@@ -366,6 +371,8 @@ def collect(args, inputs: dict[str, str]) -> dict[str, list[dict]]:
         for impl in IMPLS:
             argv = ["--worker", impl, "--checkpoint", inputs[impl], "--video", inputs["video"]]
             argv += ["--objects", str(args.objects)]
+            if impl == "paddle" and args.exported:
+                argv += ["--exported", args.exported, "--precision", args.precision]
             if args.threads:
                 argv += ["--threads", str(args.threads)]
             load_before = os.getloadavg()[0]
@@ -507,9 +514,13 @@ def write_outputs(
 def parent_main(args) -> None:
     started, load_at_start = dt.datetime.now().astimezone(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_sam3_tracker_") as tmp:
-        print(f"writing the video and full-size weights to {tmp}", file=sys.stderr, flush=True)
-        prepare_argv = ["--worker", "prepare", "--checkpoint", tmp, "--frames", str(args.frames)]
-        inputs = v1.run_child(prepare_argv, "video + weights", script=__file__)
+        if args.workdir:  # kept, and reused by a later run (weights.json lists the inputs)
+            frames = ["--frames", str(args.frames)]
+            inputs = v1.prepared_weights(Path(args.workdir), frames, script=__file__)
+        else:
+            print(f"writing the video and full-size weights to {tmp}", file=sys.stderr)
+            argv = ["--worker", "prepare", "--checkpoint", tmp, "--frames", str(args.frames)]
+            inputs = v1.run_child(argv, "video + weights", script=__file__)
         runs = collect(args, inputs)
     summary = summarise(runs)
     info = machine_info(args, runs, started, load_at_start)
@@ -549,6 +560,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=v1.positive, default=None, help="CPU threads for each")
     p.add_argument("--rounds", type=v1.positive, default=1, help="interleaved runs per framework")
     p.add_argument("--csv", default=None, help="CSV path (a .md is written next to it)")
+    p.add_argument("--workdir", default=None, help="inputs written here and reused")
+    p.add_argument(
+        "--exported",
+        default=None,
+        help="paddle side: this `export --format onnx` folder of the same weights (made from "
+        "the workdir's .pdparams) instead of the .pdparams",
+    )
+    p.add_argument("--precision", default="fp32", help="with --exported: fp32, bf16 or int8")
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--video", help=argparse.SUPPRESS)

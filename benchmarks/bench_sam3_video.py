@@ -171,7 +171,14 @@ def run_paddle_worker(args) -> dict:
     if args.threads:
         paddle_sam.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    predictor = build_sam3_video_predictor(checkpoint_path=args.checkpoint)
+    if args.exported:  # the export's backbone on OpenVINO, the rest from its weights
+        from paddle_sam.loading.sam3 import load_sam3_export
+        from paddle_sam.predict.sam3.video_predictor import Sam3VideoPredictor
+
+        model = load_sam3_export(args.exported, "video", precision=args.precision)
+        predictor = Sam3VideoPredictor(model)
+    else:
+        predictor = build_sam3_video_predictor(checkpoint_path=args.checkpoint)
     gc.collect()
     load_s = time.perf_counter() - t0
     rss_after_load = trk.rss_mb()
@@ -289,6 +296,8 @@ def collect(args, inputs: dict[str, Any]) -> dict[str, list[dict]]:
         for impl in IMPLS:
             argv = ["--worker", impl, "--checkpoint", inputs[impl], "--video", inputs["video"]]
             argv += ["--threshold", repr(inputs["threshold"])]
+            if impl == "paddle" and args.exported:
+                argv += ["--exported", args.exported, "--precision", args.precision]
             if args.threads:
                 argv += ["--threads", str(args.threads)]
             load_before = os.getloadavg()[0]
@@ -393,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workdir", default=None, help="keep the prepared video and weights here, and reuse them"
     )
+    p.add_argument(
+        "--exported",
+        default=None,
+        help="paddle side: this `export --format onnx` folder of the same weights (made from "
+        "the workdir's .pdparams) instead of the .pdparams",
+    )
+    p.add_argument("--precision", default="fp32", help="with --exported: fp32, bf16 or int8")
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--video", help=argparse.SUPPRESS)
