@@ -181,10 +181,14 @@ class MaskDecoder(nn.Layer):
             x = (paddle.matmul(src, w1) + b1).reshape([b, -1, c1])
             x = act1(F.layer_norm(x, [c1], norm.weight, norm.bias, norm.eps))
             x = act2(paddle.matmul(x, w2) + b2).reshape([b, -1, c2])
-        masks = paddle.matmul(x, hyper_in, transpose_y=True)  # B x (hw * 16) x M
-        # rows are (y, x, ky1, kx1, ky2, kx2): output pixel (4y + 2ky1 + ky2, 4x + 2kx1 + kx2)
-        masks = masks.reshape([b, h, w, 2, 2, 2, 2, -1]).transpose([0, 7, 1, 3, 5, 2, 4, 6])
-        return masks.reshape([b, -1, 4 * h, 4 * w])
+        masks = paddle.matmul(hyper_in, x, transpose_y=True)  # B x M x (hw * 16)
+        # columns are (y, x, ky1, kx1, ky2, kx2): output pixel (4y + 2ky1 + ky2,
+        # 4x + 2kx1 + kx2); rearranged in two low-rank transposes (Paddle's CPU transpose of
+        # the 7-D form took 3.6 ms for one prompt's four masks, these two 0.8 ms)
+        m = hyper_in.shape[1]
+        masks = masks.reshape([b * m * h, w, 2, 2, 4]).transpose([0, 2, 1, 3, 4])
+        masks = masks.reshape([b * m * h * 2, w * 2, 2, 2]).transpose([0, 2, 1, 3])
+        return masks.reshape([b, m, 4 * h, 4 * w])
 
 
 def _conv_t_gemm_weight(conv: nn.Conv2DTranspose) -> paddle.Tensor:
