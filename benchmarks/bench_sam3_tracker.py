@@ -549,6 +549,17 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    """``--exported DIR --precision P``: the paddle worker on an export's OpenVINO backbone."""
+    p.add_argument(
+        "--exported",
+        default=None,
+        help="paddle side: this `export --format onnx` folder of the same weights (made from "
+        "the workdir's .pdparams) instead of the .pdparams",
+    )
+    p.add_argument("--precision", default="fp32", help="with --exported: fp32, bf16 or int8")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -561,13 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=v1.positive, default=1, help="interleaved runs per framework")
     p.add_argument("--csv", default=None, help="CSV path (a .md is written next to it)")
     p.add_argument("--workdir", default=None, help="inputs written here and reused")
-    p.add_argument(
-        "--exported",
-        default=None,
-        help="paddle side: this `export --format onnx` folder of the same weights (made from "
-        "the workdir's .pdparams) instead of the .pdparams",
-    )
-    p.add_argument("--precision", default="fp32", help="with --exported: fp32, bf16 or int8")
+    add_export_arguments(p)
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--video", help=argparse.SUPPRESS)

@@ -402,13 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workdir", default=None, help="keep the prepared video and weights here, and reuse them"
     )
-    p.add_argument(
-        "--exported",
-        default=None,
-        help="paddle side: this `export --format onnx` folder of the same weights (made from "
-        "the workdir's .pdparams) instead of the .pdparams",
-    )
-    p.add_argument("--precision", default="fp32", help="with --exported: fp32, bf16 or int8")
+    trk.add_export_arguments(p)
     p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--video", help=argparse.SUPPRESS)
