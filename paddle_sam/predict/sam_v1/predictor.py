@@ -18,6 +18,7 @@ from ...models.sam_v1.sam import (
     decoder_formulation,
     decoder_image_terms,
     few_tokens_max,
+    postprocess_masks,
 )
 from .transforms import ResizeLongestSide
 
@@ -251,17 +252,26 @@ class SamPredictor(PredictorBase):
 
     def _decode(self, coords, labels, box, mask_input, multimask_output, return_logits):
         coords_t = labels_t = box_t = mask_t = None
+        place = self.model.pixel_mean.place
         if coords is not None:
-            coords_t = paddle.to_tensor(coords, dtype="float32").unsqueeze(0)
-            labels_t = paddle.to_tensor(labels, dtype="int32").unsqueeze(0)
+            coords_t = paddle.to_tensor(coords[None], dtype="float32", place=place)
+            labels_t = paddle.to_tensor(labels[None], dtype="int32", place=place)
         if box is not None:
-            box_t = paddle.to_tensor(box, dtype="float32").unsqueeze(0)
+            box_t = paddle.to_tensor(box[None], dtype="float32", place=place)
         if mask_input is not None:
-            mask_t = paddle.to_tensor(mask_input, dtype="float32").unsqueeze(0)
-        masks, iou_predictions, low_res_masks = self.predict_paddle(
-            coords_t, labels_t, box_t, mask_t, multimask_output, return_logits=return_logits
-        )
-        return masks[0].numpy(), iou_predictions[0].numpy(), low_res_masks[0].numpy()
+            mask_t = paddle.to_tensor(mask_input[None], dtype="float32", place=place)
+        iou, low_res = self._predict_low_res(coords_t, labels_t, box_t, mask_t, multimask_output)
+        if not low_res.place.is_cpu_place():
+            masks = self.model.postprocess_masks(low_res, self.input_size, self.original_size)
+            masks = masks if return_logits else masks > self.model.mask_threshold
+            return masks[0].numpy(), iou[0].numpy(), low_res[0].numpy()
+        # on the CPU the upscaling runs in numpy (OpenCV) anyway: the arrays stay numpy, not
+        # copied into Paddle tensors of the full image size and back
+        low = low_res.numpy()[0]
+        size = self.model.image_encoder.img_size
+        masks = postprocess_masks(low[None], self.input_size, self.original_size, size)[0]
+        masks = np.ascontiguousarray(masks) if return_logits else masks > self.model.mask_threshold
+        return masks, iou.numpy()[0], low
 
     @paddle.no_grad()
     def predict_paddle(
@@ -287,6 +297,26 @@ class SamPredictor(PredictorBase):
         point_coords, point_labels, boxes, mask_input = (
             as_paddle(x, place) for x in (point_coords, point_labels, boxes, mask_input)
         )
+        iou_predictions, low_res_masks = self._predict_low_res(
+            point_coords, point_labels, boxes, mask_input, multimask_output
+        )
+        masks = self.model.postprocess_masks(low_res_masks, self.input_size, self.original_size)
+        if not return_logits:
+            masks = masks > self.model.mask_threshold
+        return masks, iou_predictions, low_res_masks
+
+    predict_torch = predict_paddle
+
+    @paddle.no_grad()
+    def _predict_low_res(
+        self,
+        point_coords: paddle.Tensor | None,
+        point_labels: paddle.Tensor | None,
+        boxes: paddle.Tensor | None,
+        mask_input: paddle.Tensor | None,
+        multimask_output: bool,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """IoU predictions B x C and low-res logits B x C x h x w of :meth:`predict_paddle`."""
         if (point_coords is None) != (point_labels is None):
             raise ValueError("point_coords and point_labels must be given together")
         few = None
@@ -306,12 +336,7 @@ class SamPredictor(PredictorBase):
                 dense_prompt_embeddings=dense,
                 multimask_output=multimask_output,
             )
-        masks = self.model.postprocess_masks(low_res_masks, self.input_size, self.original_size)
-        if not return_logits:
-            masks = masks > self.model.mask_threshold
-        return masks, iou_predictions, low_res_masks
-
-    predict_torch = predict_paddle
+        return iou_predictions, low_res_masks
 
     def _few_token_prompt(
         self,
