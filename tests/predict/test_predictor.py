@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import paddle
 import pytest
 
 from paddle_sam import SamPredictor, build_sam
@@ -227,3 +228,20 @@ def test_many_points_or_a_mask_input_take_the_module_path(predictor):
     finally:
         handle.remove()
     assert len(calls) == 2
+
+
+def test_predict_equals_predict_paddle(predictor):
+    """predict (numpy API; on the CPU it upscales in numpy) gives predict_paddle's masks,
+    logits, IoU and low-res logits for the same prompt."""
+    pts, labels = np.array([[40, 50], [90, 70]]), np.array([1, 0])
+    for logits in (False, True):
+        got = predictor.predict(pts, labels, return_logits=logits)
+        coords = predictor.transform.apply_coords(pts.astype(np.float32), predictor.original_size)
+        want = predictor.predict_paddle(
+            paddle.to_tensor(coords[None]), paddle.to_tensor(labels[None]), return_logits=logits
+        )
+        for a, b in zip(got, want, strict=True):
+            b = b.numpy()[0]
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+        assert got[0].flags.c_contiguous
