@@ -246,13 +246,15 @@ class Attention(nn.Layer):
         """h x 1 x I, a constant of ``like``'s dtype: 1 on head h's own channels, 0
         elsewhere (kept between dygraph calls: building it took a fifth of a millisecond,
         seven times a prompt; a traced program holds it as its own constant)."""
+        dynamic = paddle.in_dynamic_mode()
+        key = (str(like.dtype), str(like.place)) if dynamic else None
+        if key in self._head_masks:
+            return self._head_masks[key]
         h, c = self.num_heads, self.internal_dim // self.num_heads
         mask = np.kron(np.eye(h), np.ones((1, c))).reshape(h, 1, -1)
-        if not paddle.in_dynamic_mode():
+        if not dynamic:
             return paddle.to_tensor(mask, dtype=like.dtype)
-        key = (str(like.dtype), str(like.place))
-        if key not in self._head_masks:
-            self._head_masks[key] = paddle.to_tensor(mask, dtype=like.dtype, place=like.place)
+        self._head_masks[key] = paddle.to_tensor(mask, dtype=like.dtype, place=like.place)
         return self._head_masks[key]
 
     def _per_head(self, x: paddle.Tensor) -> paddle.Tensor:
