@@ -28,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from .common import check_precision, parse_floats, positive, prepare_out, source_of
+from .common import (
+    add_precision_arg,
+    check_precision,
+    parse_floats,
+    positive,
+    prepare_out,
+    source_of,
+)
 
 OUTPUTS = ("results.json", "overlay.mp4", "masks")
 
@@ -564,13 +571,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "its image encoder on OpenVINO, or SAM 3's with its tracker ('paddle-sam export "
         "--format onnx'), its vision backbone on OpenVINO; the rest on the dynamic model",
     )
-    s.add_argument(
-        "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="with --exported: the exported encoder in bf16, on CPUs with avx512_bf16 or AMX "
-        "only; approximate (default: %(default)s)",
-    )
+    add_precision_arg(s)
     s.add_argument("-o", "--output", required=True, help="output folder")
     s.add_argument(
         "--start-frame",

@@ -483,30 +483,37 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
     ``options``: ``model_type``; ``clicks`` (True: refuse a source without them; False: build
     no interactive part; default: as the source allows); ``bpe`` and ``confidence_threshold``
     (SAM 3); ``precision`` (an export's runtime, where :data:`PRECISIONS` lists it)."""
-    precision = options.get("precision", "fp32")
     if options.get("clicks"):
         require(source, "clicks", options.get("clicks_for", "clicks"))
+    check_precision(source, options.get("precision", "fp32"))
     if source.exported:
         fam = _family(source)
-        key = (fam.name, source.runtime)
-        if precision not in PRECISIONS.get(key, ("fp32",)):
-            raise ValueError(
-                f"--precision {precision}: {source.path} is {source.describe()}, which runs "
-                "in fp32 only (bf16: SAM v1, SAM 2 and SAM 3 ONNX exports; int8: SAM v1 ONNX "
-                "exports with their int8 files)"
-            )
-        return RUNTIMES[key](source, options)
-    if precision != "fp32":
-        raise ValueError(
-            f"--precision {precision} runs an export (--exported DIR from "
-            "'paddle-sam export'); the dynamic model computes in fp32"
-        )
+        return RUNTIMES[(fam.name, source.runtime)](source, options)
     fam = _family(source)
     clicks = options.get("clicks")
     if clicks is None:
         clicks = "clicks" in source.parts
     model = fam.load_model(source, {**options, "clicks": clicks})
     return fam.image_predictor(model, options)
+
+
+def check_precision(source: Source, precision: str) -> None:
+    """ValueError unless ``source`` runs in ``precision``: the dynamic models in fp32, an
+    export in what :data:`PRECISIONS` lists for its family and runtime."""
+    if not source.exported:
+        if precision != "fp32":
+            raise ValueError(
+                f"--precision {precision} runs an export (--exported DIR from "
+                "'paddle-sam export'); the dynamic model computes in fp32"
+            )
+        return
+    allowed = PRECISIONS.get((_family(source).name, source.runtime), ("fp32",))
+    if precision not in allowed:
+        raise ValueError(
+            f"--precision {precision}: {source.path} is {source.describe()}, which runs in "
+            f"{', '.join(allowed)} (bf16: SAM v1, SAM 2 and SAM 3 ONNX exports; int8: SAM v1 "
+            "and SAM 3 ONNX exports made with --quantize int8)"
+        )
 
 
 def video_refusal(source: Source) -> str | None:
@@ -573,6 +580,7 @@ def load_video_predictor(source: Source, **options: Any) -> Any:
     why = video_refusal(source)
     if why is not None:
         raise SourceRefused(why)
+    check_precision(source, options.get("precision", "fp32"))
     fam = _family(source)
     assert fam.video_predictor is not None
     return fam.video_predictor(source, options)

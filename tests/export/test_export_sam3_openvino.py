@@ -295,6 +295,13 @@ def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
     assert run([*seg, "--exported", out, "-o", tmp_path / "s"]) == 0
     capsys.readouterr()
     assert_user_error(capsys, [*seg, "--exported", exported, "-o", tmp_path / "r"], "int8")
+    # track: the tracker on the int8 backbone; an export without it refused by name
+    clip = write_mp4(scene(3, H, W), tmp_path / "clip.mp4")
+    trk = ["track", clip, "--point", "0,40,30", "--precision", "int8"]
+    assert run([*trk, "--exported", out, "-o", tmp_path / "t"]) == 0
+    assert any((tmp_path / "t" / "masks").iterdir())
+    capsys.readouterr()
+    assert_user_error(capsys, [*trk, "--exported", exported, "-o", tmp_path / "u"], "int8")
 
 
 def _ov_op_types(xml: Path) -> set[str]:
