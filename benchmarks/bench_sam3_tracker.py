@@ -371,8 +371,7 @@ def collect(args, inputs: dict[str, str]) -> dict[str, list[dict]]:
         for impl in IMPLS:
             argv = ["--worker", impl, "--checkpoint", inputs[impl], "--video", inputs["video"]]
             argv += ["--objects", str(args.objects)]
-            if impl == "paddle" and args.exported:
-                argv += ["--exported", args.exported, "--precision", args.precision]
+            argv += export_argv(args, impl)
             if args.threads:
                 argv += ["--threads", str(args.threads)]
             load_before = os.getloadavg()[0]
@@ -558,6 +557,13 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
         "the workdir's .pdparams) instead of the .pdparams",
     )
     p.add_argument("--precision", default="fp32", help="with --exported: fp32, bf16 or int8")
+
+
+def export_argv(args: argparse.Namespace, impl: str) -> list[str]:
+    """The worker arguments of :func:`add_export_arguments` (the paddle worker's only)."""
+    if impl == "paddle" and args.exported:
+        return ["--exported", args.exported, "--precision", args.precision]
+    return []
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -296,8 +296,7 @@ def collect(args, inputs: dict[str, Any]) -> dict[str, list[dict]]:
         for impl in IMPLS:
             argv = ["--worker", impl, "--checkpoint", inputs[impl], "--video", inputs["video"]]
             argv += ["--threshold", repr(inputs["threshold"])]
-            if impl == "paddle" and args.exported:
-                argv += ["--exported", args.exported, "--precision", args.precision]
+            argv += trk.export_argv(args, impl)
             if args.threads:
                 argv += ["--threads", str(args.threads)]
             load_before = os.getloadavg()[0]

@@ -41,7 +41,7 @@ from ..models.sam3.build_sam3 import Sam3Spec
 from ..models.sam3.geometry_encoders import Prompt
 from ..models.sam3.model_misc import fused_attention_available
 from ..models.sam3.sam3_image import FindStage, Sam3Image
-from .sam_v1 import MANIFEST, check_outputs, write_manifest
+from .sam_v1 import MANIFEST, check_outputs, save_manifest, write_manifest
 
 EXPORT_FORMAT = "paddle-sam/sam3-static"
 FORMAT_VERSION = 1
@@ -416,9 +416,7 @@ def quantize_sam3_export(
     info = quantize_int8(out / manifest["programs"][VISION][0], out / INT8_FILES[0], calibration)
     manifest["programs"][VISION_INT8] = list(INT8_FILES)
     manifest["quantized"] = {"int8": info}
-    text = json.dumps(manifest, indent=2)
-    (out / MANIFEST).write_text(text + "\n")
-    return json.loads(text)
+    return save_manifest(out, manifest)
 
 
 # samexporter's layout (export_sam3_samexporter): three ONNX files whose names, inputs and

@@ -289,6 +289,11 @@ def write_manifest(
         "paddle_version": paddle.__version__,
         "programs": programs,
     }
+    return save_manifest(out, manifest)
+
+
+def save_manifest(out: Path, manifest: dict) -> dict:
+    """``manifest`` written as ``out/export.json``; returns it as read back."""
     text = json.dumps(manifest, indent=2)
     (out / MANIFEST).write_text(text + "\n")
     return json.loads(text)

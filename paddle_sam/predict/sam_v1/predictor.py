@@ -260,13 +260,14 @@ class SamPredictor(PredictorBase):
             box_t = paddle.to_tensor(box[None], dtype="float32", place=place)
         if mask_input is not None:
             mask_t = paddle.to_tensor(mask_input[None], dtype="float32", place=place)
-        iou, low_res = self._predict_low_res(coords_t, labels_t, box_t, mask_t, multimask_output)
-        if not low_res.place.is_cpu_place():
-            masks = self.model.postprocess_masks(low_res, self.input_size, self.original_size)
-            masks = masks if return_logits else masks > self.model.mask_threshold
-            return masks[0].numpy(), iou[0].numpy(), low_res[0].numpy()
+        if not place.is_cpu_place():  # upscaled on the device
+            out = self.predict_paddle(
+                coords_t, labels_t, box_t, mask_t, multimask_output, return_logits
+            )
+            return tuple(x[0].numpy() for x in out)
         # on the CPU the upscaling runs in numpy (OpenCV) anyway: the arrays stay numpy, not
         # copied into Paddle tensors of the full image size and back
+        iou, low_res = self._predict_low_res(coords_t, labels_t, box_t, mask_t, multimask_output)
         low = low_res.numpy()[0]
         size = self.model.image_encoder.img_size
         masks = postprocess_masks(low[None], self.input_size, self.original_size, size)[0]
