@@ -188,11 +188,11 @@ def _export_sam3(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     if args.format == "onnx":
         from ..convert.checkpoint import read_sam3_weights
-        from ..export.sam3 import INT8_FILES, quantize_sam3_export
+        from ..export.sam3 import INT8_FILES, TEXT_INT8_FILES, quantize_sam3_export
         from ..export.sam_v1 import check_outputs
 
         if args.quantize:  # refused before the export, not after it
-            check_outputs(Path(args.output), list(INT8_FILES), args.overwrite)
+            check_outputs(Path(args.output), [*INT8_FILES, *TEXT_INT8_FILES], args.overwrite)
         state = read_sam3_weights(source.path)  # the tracker's weights too
         export_sam3_onnx(
             model, args.output, state=state, source_sha256=sha, overwrite=args.overwrite
@@ -201,7 +201,9 @@ def _export_sam3(args: argparse.Namespace) -> int:
             del model, state
             gc.collect()
             quantize_sam3_export(args.output, calibration, overwrite=True)
-        int8 = " + vision_backbone.int8.xml/.bin" if args.quantize else ""
+        int8 = (
+            " + vision_backbone.int8.xml/.bin, text_encoder.int8.xml/.bin" if args.quantize else ""
+        )
         print(
             f"exported (onnx) -> {Path(args.output)}/ (vision_backbone.onnx + .data{int8}, "
             f"model.pdparams, export.json) in {time.perf_counter() - t:.1f}s; run it with "

@@ -61,9 +61,10 @@ def compile_onnx(
 
 
 class OpenVinoProgram:
-    """An exported ONNX file of one image in, fixed-shape arrays out, compiled once and called
-    on a batch image by image (the files take a batch of 1) under a lock (one infer request,
-    shared by the threads of a service).
+    """An exported ONNX file of one input (an image, or a text's token ids) in, fixed-shape
+    arrays out, compiled once and called on a batch item by item (the files take a batch of 1)
+    under a lock (one infer request, shared by the threads of a service). The input is cast
+    to the file's element type (float32 images, int64 token ids).
 
     ``shapes``: each output's shape without the batch axis, as the export's manifest lists
     them; a file that answers otherwise is refused by name."""
@@ -85,18 +86,19 @@ class OpenVinoProgram:
                 f"{self.path}: {len(self.compiled.outputs)} outputs, the manifest lists "
                 f"{len(self.shapes)}"
             )
+        self.dtype = np.dtype(self.compiled.inputs[0].get_element_type().to_dtype())
         self._request = self.compiled.create_infer_request()
         self._lock = threading.Lock()
 
-    def __call__(self, images: np.ndarray) -> list[np.ndarray]:
-        """``B x ...`` float32 images -> the outputs, each ``B x shape``."""
-        images = np.ascontiguousarray(images, dtype=np.float32)
+    def __call__(self, inputs: np.ndarray) -> list[np.ndarray]:
+        """``B x ...`` inputs (images, token ids) -> the outputs, each ``B x shape``."""
+        inputs = np.ascontiguousarray(inputs, dtype=self.dtype)
         per_image = []
         with self._lock:
-            for i in range(images.shape[0]):
+            for i in range(inputs.shape[0]):
                 # infer's arrays are the request's outputs copied out (share_outputs=False):
                 # the caller's to own, not copied again (SAM 3's levels are ~0.2 GB an image)
-                results = self._request.infer({0: images[i : i + 1]}, share_outputs=False)
+                results = self._request.infer({0: inputs[i : i + 1]}, share_outputs=False)
                 per_image.append([results[out] for out in self.compiled.outputs])
         if len(per_image) == 1:
             outputs = per_image[0]

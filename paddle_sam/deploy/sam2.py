@@ -21,6 +21,7 @@ import paddle
 from paddle import nn
 
 from ..export.sam2 import ENCODER, EXPORT_FORMAT, FORMAT_VERSION
+from ..models.common import as_tensor
 from .openvino import OpenVinoProgram
 from .sam_v1 import read_manifest
 
@@ -57,6 +58,6 @@ class OpenVinoImageEncoder(nn.Layer):
         self.position_encoding = position_encoding
 
     def forward(self, sample: paddle.Tensor) -> dict[str, Any]:
-        fpn = [paddle.to_tensor(level) for level in self.program(sample.numpy())]
+        fpn = [as_tensor(level) for level in self.program(sample.numpy())]
         pos = [self.position_encoding(f).astype(f.dtype) for f in fpn]
         return {"vision_features": fpn[-1], "vision_pos_enc": pos, "backbone_fpn": fpn}

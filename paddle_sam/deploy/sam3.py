@@ -33,7 +33,9 @@ from ..export.sam3 import (
     PROGRAMS,
     VISION,
 )
+from ..models.common import as_tensor
 from ..models.sam3.model_misc import fused_attention_available
+from ..models.sam3.text_encoder import VETextEncoder
 from ..predict.sam3.processor import Sam3ProcessorBase
 from ..predict.sam3.tokenizer import SimpleTokenizer
 from .openvino import OpenVinoProgram
@@ -234,9 +236,46 @@ class OpenVinoVisionBackbone(nn.Layer):
         self.position_encoding = position_encoding
 
     def forward(self, images: paddle.Tensor) -> tuple:
-        maps = [paddle.to_tensor(m) for m in self.program(images.numpy())]
+        maps = [as_tensor(m) for m in self.program(images.numpy())]
         sam3, sam2 = maps[: self.num_sam3], maps[self.num_sam3 :]
         sam3_pos = [self.position_encoding(f).astype(f.dtype) for f in sam3]
         if not self.has_sam2_neck:
             return sam3, sam3_pos, None, None
         return sam3, sam3_pos, sam2, [self.position_encoding(f).astype(f.dtype) for f in sam2]
+
+
+class OpenVinoTextEncoder(VETextEncoder):
+    """``backbone.language_backbone`` of a SAM 3 model computed by OpenVINO from the
+    ``text_encoder.int8.xml`` of ``export --quantize int8`` (int8 weights): the same calls
+    (:meth:`forward` on strings, :meth:`encode_tokens` on token ids) and outputs as the
+    dynamic text encoder, whose tokenizer it keeps. Approximate, as the int8 backbone is.
+
+    ``context_length``: the file's token count (the manifest's); ``threads``: OpenVINO's
+    inference threads (default: the process's Paddle thread count)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        tokenizer: SimpleTokenizer | None,
+        context_length: int,
+        d_model: int,
+        width: int,
+        *,
+        threads: int | None = None,
+    ) -> None:
+        # the dynamic encoder's API without its weights: nn.Layer's init, not VETextEncoder's
+        nn.Layer.__init__(self)
+        self.tokenizer = tokenizer
+        self.context_length = int(context_length)
+        shapes = [[self.context_length, int(d_model)], [self.context_length, int(width)]]
+        self.program = OpenVinoProgram(path, shapes, precision="int8", threads=threads)
+
+    def encode_tokens(
+        self, tokenized: paddle.Tensor
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        ids = np.asarray(tokenized.numpy(), np.int64)
+        if ids.ndim != 2 or ids.shape[1] != self.context_length:
+            raise ValueError(f"token ids must be B x {self.context_length}, got {list(ids.shape)}")
+        memory, embeds = (as_tensor(a) for a in self.program(ids))
+        padding = paddle.to_tensor(ids == 0)
+        return padding, memory.transpose([1, 0, 2]), embeds.transpose([1, 0, 2])

@@ -60,6 +60,11 @@ VISION_INT8 = "vision_backbone_int8"  # the manifest's program of --quantize int
 INT8_FILES = (f"{VISION}.int8.xml", f"{VISION}.int8.bin")
 WEIGHTS = "model.pdparams"
 VISION_PREFIX = "backbone.vision_backbone."
+# --quantize int8 also writes the text encoder with int8 weights (its fp32 weights stay in
+# model.pdparams for the fp32 and bf16 runs)
+TEXT_INT8 = "text_encoder_int8"
+TEXT_INT8_FILES = ("text_encoder.int8.xml", "text_encoder.int8.bin")
+TEXT_PREFIX = "backbone.language_backbone."
 #: the ONNX opset (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
 OPSET = 17
 
@@ -121,6 +126,20 @@ class TextEncoder(nn.Layer):
     def forward(self, token_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         mask, memory, _ = self.text.encode_tokens(token_ids)
         return memory, mask
+
+
+class TextFeatures(nn.Layer):
+    """Token ids ``B x L`` -> (``B x L x d_model`` features, ``B x L x width`` token
+    embeddings): ``encode_tokens`` batch first, for a runtime that splits batches on their
+    first axis; the padding mask (token id 0) is the caller's to compute."""
+
+    def __init__(self, text: nn.Layer) -> None:
+        super().__init__()
+        self.text = text
+
+    def forward(self, token_ids: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        _, memory, embeds = self.text.encode_tokens(token_ids)
+        return memory.transpose([1, 0, 2]), embeds.transpose([1, 0, 2])
 
 
 def ground_one(model: Sam3Image, backbone_out: dict, prompt: Prompt) -> dict:
@@ -306,10 +325,10 @@ def export_sam3_onnx(
     clicks and video need it.
 
     ``quantize="int8"``: also ``vision_backbone.int8.xml`` / ``.bin``, the backbone for
-    OpenVINO with int8 weights, and with ``calibration`` (H x W x 3 uint8 RGB images) int8
-    activations too, calibrated on them (:func:`~paddle_sam.export.onnx.quantize_int8`;
-    ``precision="int8"`` at load time runs it). Approximate: its cost is measured, not
-    assumed (docs/performance.md)."""
+    OpenVINO with int8 weights (and ``text_encoder.int8.*``, the text encoder's), and with
+    ``calibration`` (H x W x 3 uint8 RGB images) int8 activations too, calibrated on them
+    (:func:`quantize_sam3_export`; ``precision="int8"`` at load time runs it). Approximate:
+    its cost is measured, not assumed (docs/performance.md)."""
     from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
     from .onnx import _convert, _finish_graph, _int8_tools, _paddle2onnx
 
@@ -327,7 +346,7 @@ def export_sam3_onnx(
     onnx_name = f"{VISION}.onnx"
     data_name = f"{onnx_name}.data"
     sidecar = sidecar_path(WEIGHTS).name
-    int8_names = list(INT8_FILES) if quantize else []
+    int8_names = [*INT8_FILES, *TEXT_INT8_FILES] if quantize else []
     check_outputs(out, [onnx_name, data_name, *int8_names, WEIGHTS, sidecar, MANIFEST], overwrite)
     size = int(model.backbone.vision_backbone.trunk.img_size)
     if calibration is not None:
@@ -400,9 +419,11 @@ def quantize_sam3_export(
     backbone for OpenVINO with int8 weights, and with ``calibration`` (H x W x 3 uint8 RGB
     images; ``preprocessed``: already the backbone's inputs) int8 activations too,
     calibrated on them (:func:`~paddle_sam.export.onnx.quantize_int8`; ``precision="int8"``
-    at load time runs it). Reads only the folder: call it once the model that was exported
-    is freed, calibration takes memory (about 23 GB peak for the full-size backbone with the
-    model still loaded, docs/export.md). Returns the updated manifest."""
+    at load time runs it). Also ``text_encoder.int8.xml`` / ``.bin`` (:func:`
+    quantize_text_encoder`) when the folder's weights have a text encoder. Reads only the
+    folder: call it once the model that was exported is freed, calibration takes memory
+    (about 23 GB peak for the full-size backbone with the model still loaded,
+    docs/export.md). Returns the updated manifest."""
     from .onnx import _int8_tools, quantize_int8
 
     _int8_tools()
@@ -410,13 +431,55 @@ def quantize_sam3_export(
     manifest = json.loads((out / MANIFEST).read_text())
     if manifest.get("format") != ONNX_FORMAT:
         raise ValueError(f"{out / MANIFEST}: not a SAM 3 ONNX export ({ONNX_FORMAT})")
-    check_outputs(out, list(INT8_FILES), overwrite)
+    check_outputs(out, [*INT8_FILES, *TEXT_INT8_FILES], overwrite)
     if calibration is not None and not preprocessed:
         calibration = calibration_inputs(calibration, int(manifest["image_size"]))
+    quantized = {}
+    text_info = quantize_text_encoder(out, Sam3Spec.from_dict(manifest["spec"]))
+    if text_info is not None:  # first: the vision backbone's calibration needs the memory
+        manifest["programs"][TEXT_INT8] = list(TEXT_INT8_FILES)
+        quantized["text_int8"] = text_info
     info = quantize_int8(out / manifest["programs"][VISION][0], out / INT8_FILES[0], calibration)
     manifest["programs"][VISION_INT8] = list(INT8_FILES)
-    manifest["quantized"] = {"int8": info}
+    manifest["quantized"] = {"int8": info, **quantized}
     return save_manifest(out, manifest)
+
+
+def quantize_text_encoder(out_dir: str | os.PathLike, spec: Sam3Spec) -> dict | None:
+    """``text_encoder.int8.xml`` / ``.bin`` in an export folder: the text encoder of its
+    ``model.pdparams`` (``spec``'s sizes) for OpenVINO with int8 weights, weights only (a
+    prompt is 32 tokens: the weights, 1.35 GB in fp32 at full size, are the cost, not the
+    arithmetic). Returns what the manifest records, or None when the weights have no text
+    encoder."""
+    from ..convert.core import load_state_strict, read_pdparams
+    from ..models.sam3.build_sam3 import build_text_encoder
+    from .onnx import _convert, _finish_graph, _paddle2onnx, quantize_int8
+
+    out = Path(out_dir)
+    state = read_pdparams(out / WEIGHTS)
+    text_state = {k[len(TEXT_PREFIX) :]: v for k, v in state.items() if k.startswith(TEXT_PREFIX)}
+    del state
+    if not text_state:
+        return None
+    p2o = _paddle2onnx()
+    text = build_text_encoder(spec, tokenizer=None)
+    load_state_strict(text, text_state, where=f"{out / WEIGHTS} ({TEXT_PREFIX}*): ")
+    text.eval()
+    layer = TextFeatures(text)
+    with (
+        tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-text-") as tmp,
+        attention_kernel(text, False),  # ONNX has no form of Paddle's fused CPU kernel
+    ):
+        name = "text_encoder"
+        spec_in = [InputSpec([1, int(text.context_length)], "int64", "token_ids")]
+        paddle.jit.save(layer, str(Path(tmp) / name), input_spec=spec_in)
+        raw = Path(tmp) / f"{name}.onnx"
+        _convert(p2o, Path(tmp), name, raw, OPSET)
+        del text, layer
+        onnx_path = Path(tmp) / f"{name}.final.onnx"
+        outputs = ("language_features", "language_embeds")
+        _finish_graph(raw, name, outputs, {}, dst=onnx_path, external=f"{onnx_path.name}.data")
+        return quantize_int8(onnx_path, out / TEXT_INT8_FILES[0], None)
 
 
 # samexporter's layout (export_sam3_samexporter): three ONNX files whose names, inputs and

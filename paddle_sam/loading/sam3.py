@@ -263,7 +263,8 @@ def load_sam3_export(
 ):
     """SAM 3 from a ``paddle-sam export --format onnx`` folder: the vision backbone on OpenVINO
     (:class:`~paddle_sam.deploy.sam3.OpenVinoVisionBackbone`; ``precision`` fp32, bf16, or
-    int8 for the int8 weights of ``export --quantize int8``; ``threads``), every other weight
+    int8 for the int8 weights of ``export --quantize int8``, which also runs the text encoder
+    on OpenVINO with int8 weights where the export has them; ``threads``), every other weight
     strictly loaded from its ``model.pdparams``.
 
     ``kind``: ``image`` (:class:`Sam3Image`; ``interactive``: with the click predictor,
@@ -273,8 +274,12 @@ def load_sam3_export(
     :func:`load_sam3_tracker`)."""
     from ..convert import sam3 as convert_sam3
     from ..convert.core import CheckpointMismatchError, check_keys, model_shapes, read_pdparams
-    from ..deploy.sam3 import OpenVinoVisionBackbone, read_sam3_onnx_manifest
-    from ..export.sam3 import VISION, VISION_INT8, WEIGHTS
+    from ..deploy.sam3 import (
+        OpenVinoTextEncoder,
+        OpenVinoVisionBackbone,
+        read_sam3_onnx_manifest,
+    )
+    from ..export.sam3 import TEXT_INT8, TEXT_PREFIX, VISION, VISION_INT8, WEIGHTS
 
     if kind not in EXPORT_KINDS:
         raise ValueError(f"kind must be one of {', '.join(EXPORT_KINDS)}, got {kind!r}")
@@ -304,6 +309,8 @@ def load_sam3_export(
         )
 
     program = VISION
+    # int8: the text encoder's int8 file too where the export has one (older exports: fp32)
+    text_int8 = None
     if precision == "int8":
         program = VISION_INT8
         if not manifest["programs"].get(VISION_INT8):
@@ -311,6 +318,10 @@ def load_sam3_export(
                 f"precision int8: {folder} has no int8 backbone; export it with "
                 "'paddle-sam export --format onnx --quantize int8'"
             )
+        if kind != "tracker" and manifest["programs"].get(TEXT_INT8):
+            text_int8 = folder / manifest["programs"][TEXT_INT8][0]
+            for key in [k for k in state if k.startswith(TEXT_PREFIX)]:
+                del state[key]  # the fp32 text weights the int8 file replaces
 
     def on_openvino(vision_backbone):
         return OpenVinoVisionBackbone(
@@ -339,6 +350,15 @@ def load_sam3_export(
             )
             backbone = detector.backbone
             backbone.vision_backbone = on_openvino(backbone.vision_backbone)
+            if text_int8 is not None:
+                backbone.language_backbone = OpenVinoTextEncoder(
+                    text_int8,
+                    backbone.language_backbone.tokenizer,
+                    context_length=spec.context_length,
+                    d_model=spec.d_model,
+                    width=spec.text_width,
+                    threads=threads,
+                )
             if kind == "video":
                 tracker = build_tracker_model(
                     spec,

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import warnings
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 
 from paddle_sam import loading
 from paddle_sam._runtime import bf16_refusal
 from paddle_sam.convert.core import read_pdparams, save_pdparams
-from paddle_sam.deploy.sam3 import OpenVinoVisionBackbone
+from paddle_sam.deploy.sam3 import OpenVinoTextEncoder, OpenVinoVisionBackbone
 from paddle_sam.deploy.sam_v1 import ExportFormatError
-from paddle_sam.export.sam3 import export_sam3_onnx
+from paddle_sam.export.sam3 import TEXT_PREFIX, export_sam3_onnx
 from paddle_sam.loading.sam3 import build_sam3_video_model, load_sam3, load_sam3_export
+from paddle_sam.models.sam3.text_encoder import VETextEncoder
 from paddle_sam.predict.sam3.processor import Sam3Processor
 from paddle_sam.predict.sam3.video_predictor import Sam3VideoPredictor
 from tests.cli.test_cli import assert_user_error, run
@@ -258,17 +261,36 @@ def test_cli_export_segment_and_track(ckpt, tmp_path, image, capsys):
     assert not (tmp_path / "q").exists()
 
 
+def _cosine(a, b) -> float:
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
 def _int8_close_to_fp32(folder: Path, image: np.ndarray) -> None:
     """The export's int8 backbone moves every FPN level (int8 really applied) and keeps it
-    close to fp32's (cosine > 0.99)."""
+    close to fp32's (cosine > 0.99); so does its int8 text encoder, which runs on OpenVINO
+    in the dynamic one's place, without the fp32 text weights in memory."""
     fp32, int8 = (load_sam3_export(folder, precision=p) for p in ("fp32", "int8"))
     x = Sam3Processor(fp32, resolution=SPEC.image_size).set_image(image)
     y = Sam3Processor(int8, resolution=SPEC.image_size).set_image(image)
     for level in range(len(x["backbone_out"]["backbone_fpn"])):
-        a = x["backbone_out"]["backbone_fpn"][level].numpy().ravel()
-        b = y["backbone_out"]["backbone_fpn"][level].numpy().ravel()
+        a = x["backbone_out"]["backbone_fpn"][level].numpy()
+        b = y["backbone_out"]["backbone_fpn"][level].numpy()
         assert not np.array_equal(a, b)
-        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.99
+        assert _cosine(a, b) > 0.99
+    assert isinstance(int8.backbone.language_backbone, OpenVinoTextEncoder)
+    assert not int8.backbone.language_backbone.parameters()
+    assert isinstance(fp32.backbone.language_backbone, VETextEncoder)
+    prompts = ["a shape", "two red things"]
+    t32, t8 = (m.backbone.forward_text(prompts) for m in (fp32, int8))
+    assert np.array_equal(t32["language_mask"].numpy(), t8["language_mask"].numpy())
+    assert t8["language_mask"].numpy()[0].sum() > t8["language_mask"].numpy()[1].sum()
+    for key in ("language_features", "language_embeds"):
+        assert t32[key].shape == t8[key].shape
+        assert not np.array_equal(t32[key].numpy(), t8[key].numpy())
+        assert _cosine(t32[key].numpy(), t8[key].numpy()) > 0.99
+    with pytest.raises(ValueError, match=f"B x {SPEC.context_length}"):
+        int8.backbone.language_backbone.encode_tokens(paddle.zeros([1, 3], "int64"))
 
 
 def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
@@ -283,9 +305,26 @@ def test_int8_backbone(exported, dynamic, ckpt, image, tmp_path, capsys):
         "vision_backbone.int8.bin",
     ]
     assert manifest["quantized"]["int8"]["nncf"]
+    assert manifest["programs"]["text_encoder_int8"] == [
+        "text_encoder.int8.xml",
+        "text_encoder.int8.bin",
+    ]
+    assert "weights only" in manifest["quantized"]["text_int8"]["method"]
     fp32_bytes = (out / "vision_backbone.onnx.data").stat().st_size
     assert (out / "vision_backbone.int8.bin").stat().st_size < 0.35 * fp32_bytes
+    text_bytes = 4 * sum(
+        v.size for k, v in read_pdparams(ckpt).items() if k.startswith(TEXT_PREFIX)
+    )
+    assert (out / "text_encoder.int8.bin").stat().st_size < 0.35 * text_bytes
     _int8_close_to_fp32(out, image)
+    # an int8 export from before the text encoder had its int8 file: fp32 text on Paddle
+    older = tmp_path / "older"
+    shutil.copytree(out, older)
+    listed = json.loads((older / "export.json").read_text())
+    del listed["programs"]["text_encoder_int8"]
+    (older / "export.json").write_text(json.dumps(listed))
+    text = load_sam3_export(older, precision="int8").backbone.language_backbone
+    assert isinstance(text, VETextEncoder) and not isinstance(text, OpenVinoTextEncoder)
     with pytest.raises(ValueError, match="quantize int8"):
         load_sam3_export(exported, precision="int8")
     from PIL import Image

@@ -182,11 +182,18 @@ def build_backbone(
     spec: Sam3Spec, tokenizer: Callable[..., object] | None, enable_inst_interactivity: bool
 ) -> nn.Layer:
     """Vision trunk + dual neck + text encoder (S3A's modules), combined as upstream."""
-    from .text_encoder import VETextEncoder
     from .vl_combiner import SAM3VLBackbone
 
     neck = build_vision_backbone(spec, enable_inst_interactivity)
-    text = VETextEncoder(
+    text = build_text_encoder(spec, tokenizer)
+    return SAM3VLBackbone(visual=neck, text=text, scalp=spec.scalp)
+
+
+def build_text_encoder(spec: Sam3Spec, tokenizer: Callable[..., object] | None) -> nn.Layer:
+    """The text encoder (``backbone.language_backbone``) of a ``spec`` model."""
+    from .text_encoder import VETextEncoder
+
+    return VETextEncoder(
         d_model=spec.d_model,
         tokenizer=tokenizer,
         width=spec.text_width,
@@ -195,7 +202,6 @@ def build_backbone(
         context_length=spec.context_length,
         vocab_size=spec.vocab_size,
     )
-    return SAM3VLBackbone(visual=neck, text=text, scalp=spec.scalp)
 
 
 def build_transformer(spec: Sam3Spec) -> TransformerWrapper:

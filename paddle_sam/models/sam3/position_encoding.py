@@ -104,4 +104,8 @@ class PositionEmbeddingSine(nn.Layer):
             pos = self._map(h, w).detach()
             if paddle.in_dynamic_mode():
                 self._cache[(h, w)] = pos
+        if paddle.in_dynamic_mode() and x.shape[0] == 1:
+            # the cached map itself (nothing writes into it): SAM 3's 288 x 288 level is
+            # 81 MB an image per neck that a copy would add
+            return pos.unsqueeze(0)
         return pos.unsqueeze(0).expand([x.shape[0], -1, -1, -1])
