@@ -419,9 +419,9 @@ def quantize_sam3_export(
     backbone for OpenVINO with int8 weights, and with ``calibration`` (H x W x 3 uint8 RGB
     images; ``preprocessed``: already the backbone's inputs) int8 activations too,
     calibrated on them (:func:`~paddle_sam.export.onnx.quantize_int8`; ``precision="int8"``
-    at load time runs it). Also ``text_encoder.int8.xml`` / ``.bin`` (:func:`
-    quantize_text_encoder`) when the folder's weights have a text encoder. Reads only the
-    folder: call it once the model that was exported is freed, calibration takes memory
+    at load time runs it). Also ``text_encoder.int8.xml`` / ``.bin``
+    (:func:`quantize_text_encoder`) when the folder's weights have a text encoder. Reads only
+    the folder: call it once the model that was exported is freed, calibration takes memory
     (about 23 GB peak for the full-size backbone with the model still loaded,
     docs/export.md). Returns the updated manifest."""
     from .onnx import _int8_tools, quantize_int8
