@@ -51,6 +51,7 @@ IMPLS = (
     "openvino-bf16",
     "openvino-int8",
     "openvino-int8-static",
+    "samexporter",
     "torch",
 )
 # the export (``export --format onnx``, with ``--quantize int8`` where an impl is int8, and
@@ -213,8 +214,176 @@ def run_torch_worker(args) -> dict:
     }
 
 
+def run_samexporter_worker(args) -> dict:
+    """samexporter's ``SegmentAnything3ONNX`` (ONNX Runtime, its default providers and
+    threads) on its own export of the official model (:func:`samexporter_export`): the image
+    encoder for ``set_image``, the language encoder and decoder for a text prompt, the decoder
+    for a box, each result thresholded without NMS (as upstream's processor)."""
+    t0 = time.perf_counter()
+    import onnxruntime
+    from samexporter import sam3_onnx
+
+    import_s = time.perf_counter() - t0
+    folder = Path(args.checkpoint)
+    t0 = time.perf_counter()
+    if not (folder / "sam3_decoder.onnx").is_file():  # its export failed: the encoders alone
+        return {
+            "impl": "samexporter",
+            "version": onnxruntime.__version__,
+            "threads": os.cpu_count(),
+            "import_s": import_s,
+            **samexporter_encoders_only(sam3_onnx, folder, t0, args),
+        }
+    model = sam3_onnx.SegmentAnything3ONNX(
+        str(folder / "sam3_image_encoder.onnx"),
+        str(folder / "sam3_decoder.onnx"),
+        str(folder / "sam3_language_encoder.onnx"),
+    )
+    load_s = time.perf_counter() - t0
+    bgr = np.ascontiguousarray(v1.make_image(IMAGE_HW)[:, :, ::-1])
+    h, w = IMAGE_HW
+    embedding = model.encode(bgr, "visual")
+
+    def set_image() -> None:  # the image encoder alone (encode() runs the text one too)
+        outs = model.image_encoder(bgr)
+        embedding.update({f"vision_pos_enc_{i}": outs[i] for i in range(3)})
+        embedding.update({f"backbone_fpn_{i}": outs[3 + i] for i in range(3)})
+
+    first = v1._timed(set_image)
+    set_times = [v1._timed(set_image) for _ in range(args.repeats)]
+    kept: dict[str, int] = {}
+
+    def prompt(kind: str, i: int, threshold: float) -> float:
+        def call() -> None:
+            if kind == "box":
+                cx, cy, bw, bh = BOXES[i % len(BOXES)]
+                box = [(cx - bw / 2) * w, (cy - bh / 2) * h, (cx + bw / 2) * w, (cy + bh / 2) * h]
+                marks = [{"type": "rectangle", "data": box}]
+                text = "visual"
+            else:
+                marks, text = [], TEXTS[i % len(TEXTS)]
+            lang = model.language_encoder(text)
+            embedding.update(
+                language_mask=lang[0], language_features=lang[1], language_embeds=lang[2]
+            )
+            masks = model.predict_masks(
+                embedding, marks, confidence_threshold=threshold, nms_threshold=None
+            )
+            kept[kind] = int(masks.shape[0])
+
+        return v1._timed(call)
+
+    out: dict[str, Any] = {
+        "set_image_first_s": first,
+        "set_image_s": statistics.median(set_times),
+        "set_image_all_s": set_times,
+    }
+    for key, kind, threshold in (
+        ("text_s", "text", 0.5),
+        ("text_all_s", "text", 0.0),
+        ("box_s", "box", 0.5),
+    ):
+        prompt(kind, 0, threshold)  # warm-up, excluded
+        times = [prompt(kind, i, threshold) for i in range(1, args.prompts + 1)]
+        out[key] = statistics.median(times)
+        out[key + "_all"] = times
+        out[key + "_kept"] = kept[kind]
+    # the check: every query's score and box for the first text, as the other workers report
+    lang = model.language_encoder(TEXTS[0])
+    embedding.update(language_mask=lang[0], language_features=lang[1], language_embeds=lang[2])
+    slots = model.decoder.geometric_prompt_capacity or 1
+    _, scores, boxes = model.decoder(
+        (h, w),
+        *(embedding[f"vision_pos_enc_{i}"] for i in range(3)),
+        *(embedding[f"backbone_fpn_{i}"] for i in range(3)),
+        embedding["language_mask"],
+        embedding["language_features"],
+        embedding["language_embeds"],
+        np.zeros((slots, 1, 4), np.float32),
+        np.ones((slots, 1), np.int64),
+        np.ones((1, slots), np.bool_),
+    )
+    scores = np.asarray(scores, np.float64)
+    out["check_scores"] = [float(scores.mean()), float(scores.std()), float(scores.max())]
+    out["check_boxes_mean"] = float(np.asarray(boxes, np.float64).mean())
+    return {
+        "impl": "samexporter",
+        "version": onnxruntime.__version__,
+        "threads": os.cpu_count(),  # ONNX Runtime's default: the machine's cores
+        "import_s": import_s,
+        "load_s": load_s,
+        **out,
+    }
+
+
+def samexporter_encoders_only(sam3_onnx: Any, folder: Path, t0: float, args) -> dict:
+    """samexporter's image and language encoders where its decoder could not be exported:
+    ``set_image`` and a text's encoding timed, the prompts' metrics left out."""
+    image_encoder = sam3_onnx.SAM3ImageEncoder(str(folder / "sam3_image_encoder.onnx"))
+    text_encoder = sam3_onnx.SAM3LanguageEncoder(str(folder / "sam3_language_encoder.onnx"))
+    load_s = time.perf_counter() - t0
+    bgr = np.ascontiguousarray(v1.make_image(IMAGE_HW)[:, :, ::-1])
+    first = v1._timed(lambda: image_encoder(bgr))
+    set_times = [v1._timed(lambda: image_encoder(bgr)) for _ in range(args.repeats)]
+    text_encoder(TEXTS[0])  # warm-up
+    texts = [v1._timed(lambda i=i: text_encoder(TEXTS[i % len(TEXTS)])) for i in range(3)]
+    return {
+        "load_s": load_s,
+        "set_image_first_s": first,
+        "set_image_s": statistics.median(set_times),
+        "set_image_all_s": set_times,
+        "text_encoder_s": statistics.median(texts),
+        "missing": (folder / "decoder_export_error.txt").read_text().strip()
+        if (folder / "decoder_export_error.txt").is_file()
+        else "no sam3_decoder.onnx",
+    }
+
+
+def samexporter_export(pt: Path, out: Path) -> None:
+    """samexporter's own export (``samexporter.export_sam3``) of the official model in
+    ``pt``, run against sam3 0.1.4 on the CPU: the official builder given the BPE file and a
+    CPU processor, and the ViT's rotary encoding through sam3's own real-valued rotation
+    (``sam3.sam.rope.apply_rotary_enc_real``, the same values) instead of ``view_as_complex``,
+    which torch.onnx cannot export (samexporter expects a later sam3 whose ViT has that switch).
+    Its decoder export (torch.onnx's dynamo path) needs ``onnxscript``."""
+    import functools
+    from unittest import mock
+
+    from sam3.model import vitdet
+    from sam3.sam.rope import apply_rotary_enc_real
+    from samexporter import export_sam3 as sx
+
+    from paddle_sam.predict.sam3.tokenizer import DEFAULT_BPE_PATH
+    from tests.helpers.sam3_ref import cpu_patches
+
+    def apply_rope_real(self, q, k):
+        if not self.use_rope:
+            return q, k
+        q2, k2 = apply_rotary_enc_real(q, k, self.freqs_cis_real, self.freqs_cis_imag)
+        return q2.type_as(q), k2.type_as(k)
+
+    build = functools.partial(sx.build_sam3_image_model, bpe_path=str(DEFAULT_BPE_PATH))
+    with (
+        cpu_patches(),
+        mock.patch.object(vitdet.Attention, "_apply_rope", apply_rope_real),
+        mock.patch.object(sx, "build_sam3_image_model", build),
+        mock.patch.object(sx, "Sam3Processor", functools.partial(sx.Sam3Processor, device="cpu")),
+    ):
+        try:
+            sx.export_sam3(str(out), checkpoint_path=str(pt), device="cpu")
+        except Exception as exc:  # noqa: BLE001  the encoders written before it are measured
+            if not (out / "sam3_language_encoder.onnx").is_file():
+                raise
+            root = exc.__cause__ or exc  # torch.onnx wraps the error that stopped it
+            why = f"samexporter's decoder export failed: {type(root).__name__}: {root}"
+            (out / "decoder_export_error.txt").write_text(why.splitlines()[0][:300] + "\n")
+            print(f"  {why.splitlines()[0][:300]}", flush=True)
+
+
 def worker_main(args) -> None:
-    run = run_torch_worker if args.worker == "torch" else run_paddle_worker
+    run = {"torch": run_torch_worker, "samexporter": run_samexporter_worker}.get(
+        args.worker, run_paddle_worker
+    )
     result = run(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB
     print(v1.RESULT_PREFIX + json.dumps(result), flush=True)
@@ -232,7 +401,7 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
 
     pdparams = tmp / "sam3.pdparams"
     paths: dict[str, Path] = {}
-    if "torch" not in impls:  # no torch needed: random weights in the released layout
+    if "torch" not in impls and "samexporter" not in impls:  # random, the released layout
         state = conv.convert_state_dict(conv.random_released_state_dict(seed=v1.SEED))
         save_pdparams(state, pdparams, {"model_type": "sam3"})
     else:
@@ -256,6 +425,11 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
         del ref
         paths["torch"] = pt
         convert_checkpoint(pt, pdparams, progress=False)
+    if "samexporter" in impls:
+        t0 = time.perf_counter()
+        samexporter_export(pt, tmp / "samexporter")
+        print(f"  samexporter's export: {time.perf_counter() - t0:.0f} s", flush=True)
+        paths["samexporter"] = tmp / "samexporter"
     if "paddle" in impls:
         paths["paddle"] = pdparams
     if "static" in impls:
@@ -318,7 +492,7 @@ def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
         m.key: {
             impl: statistics.median(r[m.key] for r in rs) * m.scale
             for impl, rs in runs.items()
-            if rs
+            if rs and all(r.get(m.key) is not None for r in rs)
         }
         for m in METRICS
     }
@@ -354,6 +528,7 @@ TABLE_HEADER = [
     "OpenVINO bf16",
     "OpenVINO int8 weights",
     "OpenVINO int8 static",
+    "samexporter (ORT)",
     "torch (official sam3)",
     "paddle/torch",
     "static/torch",
@@ -361,6 +536,7 @@ TABLE_HEADER = [
     "ov bf16/torch",
     "ov int8/torch",
     "ov int8 static/torch",
+    "samexporter/torch",
 ]
 assert len(TABLE_HEADER) == 1 + len(IMPLS) + len(RATIOS)
 
@@ -400,6 +576,8 @@ def notes(runs: dict[str, list[dict]]) -> list[str]:
         if not (runs.get("torch") and runs.get(impl)):
             continue
         p, t = runs[impl][0], runs["torch"][0]
+        if "check_scores" not in p:
+            continue
         out.append(
             f"output check {impl} vs torch (same weights, text prompt, all queries): scores "
             f"mean/std/max {'/'.join(f'{v:.5f}' for v in p['check_scores'])} vs "
@@ -410,6 +588,14 @@ def notes(runs: dict[str, list[dict]]) -> list[str]:
         )
     for impl, rs in runs.items():
         for i, r in enumerate(rs, 1):
+            if r.get("text_s") is None:
+                out.append(
+                    f"{impl} round {i}: load {r['load_s']:.1f} s, set_image "
+                    f"{' / '.join(f'{v:.1f}' for v in r['set_image_all_s'])} s, text encoder "
+                    f"{r['text_encoder_s']:.3f} s, peak RSS {r['peak_rss_mb']:.0f} MB; "
+                    f"{r['missing']}"
+                )
+                continue
             out.append(
                 f"{impl} round {i}: load {r['load_s']:.1f} s, set_image "
                 f"{' / '.join(f'{v:.1f}' for v in r['set_image_all_s'])} s, text "
