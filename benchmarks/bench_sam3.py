@@ -82,6 +82,33 @@ METRICS = (
 # --------------------------------------------------------------------------------- workers
 
 
+#: (metric key, prompt kind, confidence threshold) of the timed prompts, in run order
+PROMPT_RUNS = (("text_s", "text", 0.5), ("text_all_s", "text", 0.0), ("box_s", "box", 0.5))
+
+
+def prompt_timings(
+    first: float,
+    set_times: list[float],
+    prompts: int,
+    prompt: Callable[[str, int, float], tuple[float, int]],
+) -> dict[str, Any]:
+    """What every worker reports: ``set_image``'s first call and repeats, then for each of
+    :data:`PROMPT_RUNS` a warm-up and ``prompts`` timed calls of ``prompt(kind, i,
+    threshold)`` (seconds, instances kept), the median and the last call's instances."""
+    out: dict[str, Any] = {
+        "set_image_first_s": first,
+        "set_image_s": statistics.median(set_times),
+        "set_image_all_s": set_times,
+    }
+    for key, kind, threshold in PROMPT_RUNS:
+        prompt(kind, 0, threshold)  # warm-up, excluded
+        runs = [prompt(kind, i, threshold) for i in range(1, prompts + 1)]
+        out[key] = statistics.median(t for t, _ in runs)
+        out[key + "_all"] = [t for t, _ in runs]
+        out[key + "_kept"] = runs[-1][1]
+    return out
+
+
 def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) -> dict:
     """The same calls on both processors: set_image, then text and box prompts."""
     from PIL import Image
@@ -96,7 +123,9 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
     first = v1._timed(set_image)
     set_times = [v1._timed(set_image) for _ in range(args.repeats)]
 
-    def prompt(kind: str, i: int) -> float:
+    def prompt(kind: str, i: int, threshold: float) -> tuple[float, int]:
+        processor.set_confidence_threshold(threshold)
+
         def call() -> None:
             processor.reset_all_prompts(state)
             if kind == "box":
@@ -105,24 +134,9 @@ def time_processor(processor: Any, to_numpy: Callable[[Any], np.ndarray], args) 
                 processor.set_text_prompt(TEXTS[i % len(TEXTS)], state)
             to_numpy(state["scores"])
 
-        return v1._timed(call)
+        return v1._timed(call), int(to_numpy(state["scores"]).shape[0])
 
-    out: dict[str, Any] = {
-        "set_image_first_s": first,
-        "set_image_s": statistics.median(set_times),
-        "set_image_all_s": set_times,
-    }
-    for key, kind, threshold in (
-        ("text_s", "text", 0.5),
-        ("text_all_s", "text", 0.0),
-        ("box_s", "box", 0.5),
-    ):
-        processor.set_confidence_threshold(threshold)
-        prompt(kind, 0)  # warm-up, excluded
-        times = [prompt(kind, i) for i in range(1, args.prompts + 1)]
-        out[key] = statistics.median(times)
-        out[key + "_all"] = times
-        out[key + "_kept"] = int(to_numpy(state["scores"]).shape[0])
+    out = prompt_timings(first, set_times, args.prompts, prompt)
     processor.set_confidence_threshold(0.0)
     processor.reset_all_prompts(state)
     processor.set_text_prompt(TEXTS[0], state)
@@ -253,7 +267,7 @@ def run_samexporter_worker(args) -> dict:
     set_times = [v1._timed(set_image) for _ in range(args.repeats)]
     kept: dict[str, int] = {}
 
-    def prompt(kind: str, i: int, threshold: float) -> float:
+    def prompt(kind: str, i: int, threshold: float) -> tuple[float, int]:
         def call() -> None:
             if kind == "box":
                 cx, cy, bw, bh = BOXES[i % len(BOXES)]
@@ -271,23 +285,9 @@ def run_samexporter_worker(args) -> dict:
             )
             kept[kind] = int(masks.shape[0])
 
-        return v1._timed(call)
+        return v1._timed(call), kept[kind]
 
-    out: dict[str, Any] = {
-        "set_image_first_s": first,
-        "set_image_s": statistics.median(set_times),
-        "set_image_all_s": set_times,
-    }
-    for key, kind, threshold in (
-        ("text_s", "text", 0.5),
-        ("text_all_s", "text", 0.0),
-        ("box_s", "box", 0.5),
-    ):
-        prompt(kind, 0, threshold)  # warm-up, excluded
-        times = [prompt(kind, i, threshold) for i in range(1, args.prompts + 1)]
-        out[key] = statistics.median(times)
-        out[key + "_all"] = times
-        out[key + "_kept"] = kept[kind]
+    out = prompt_timings(first, set_times, args.prompts, prompt)
     # the check: every query's score and box for the first text, as the other workers report
     lang = model.language_encoder(TEXTS[0])
     embedding.update(language_mask=lang[0], language_features=lang[1], language_embeds=lang[2])
