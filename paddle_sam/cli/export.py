@@ -348,9 +348,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="SAM v1: also write image_encoder.quant.onnx and prompt_decoder.quant.onnx, "
         "dynamically quantised by onnxruntime (uint8 weights), as the official script's "
-        "--quantize-out; SAM 3: also vision_backbone.int8.xml/.bin, the backbone with int8 "
-        "weights for OpenVINO (NNCF; the int8 extra), run with --precision int8; with "
-        "--calibration, int8 activations too (SAM v1: image_encoder.int8.xml/.bin)",
+        "--quantize-out; SAM 3: also vision_backbone.int8.xml/.bin and "
+        "text_encoder.int8.xml/.bin, the backbone and the text encoder with int8 weights for "
+        "OpenVINO (NNCF; the int8 extra), run with --precision int8; with --calibration, the "
+        "backbone's activations int8 too (SAM v1: image_encoder.int8.xml/.bin)",
     )
     onnx.add_argument(
         "--calibration",
