@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import paddle
@@ -330,7 +331,7 @@ def export_sam3_onnx(
     (:func:`quantize_sam3_export`; ``precision="int8"`` at load time runs it). Approximate:
     its cost is measured, not assumed (docs/performance.md)."""
     from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
-    from .onnx import _convert, _finish_graph, _int8_tools, _paddle2onnx
+    from .onnx import _int8_tools, _paddle2onnx
 
     spec = spec if spec is not None else getattr(model, "spec", None)
     if spec is None:
@@ -356,17 +357,22 @@ def export_sam3_onnx(
     levels = vision_levels(model)
     names = tuple(f"sam3_fpn_{i}" for i in range(len(levels["sam3"])))
     names += tuple(f"sam2_fpn_{i}" for i in range(len(levels["sam2"])))
-    with tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-") as tmp:
-        # traced with the plain attention: ONNX has no form of Paddle's fused CPU kernel
-        with attention_kernel(model, False):
-            layer = VisionBackbone(model)
-            layer.eval()
-            spec_in = [InputSpec([1, 3, size, size], "float32", "image")]
-            paddle.jit.save(layer, str(Path(tmp) / VISION), input_spec=spec_in)
-        raw = Path(tmp) / onnx_name
-        _convert(p2o, Path(tmp), VISION, raw, OPSET)
-        # the outputs named, the weights as initializers, stored beside the graph
-        _finish_graph(raw, VISION, names, {}, dst=out / onnx_name, external=data_name)
+    with (
+        tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-") as tmp,
+        attention_kernel(model, False),  # ONNX has no form of Paddle's fused CPU kernel
+    ):
+        spec_in = [InputSpec([1, 3, size, size], "float32", "image")]
+        trace_to_onnx(
+            p2o,
+            VisionBackbone(model),
+            spec_in,
+            Path(tmp),
+            VISION,
+            names,
+            {},
+            dst=out / onnx_name,
+            external=data_name,
+        )
     if state is None:
         state = {k: np.asarray(v.numpy(), np.float32) for k, v in model.state_dict().items()}
     kept = {k: v for k, v in state.items() if not k.startswith(VISION_PREFIX)}
@@ -453,7 +459,7 @@ def quantize_text_encoder(out_dir: str | os.PathLike, spec: Sam3Spec) -> dict | 
     encoder."""
     from ..convert.core import load_state_strict, read_pdparams
     from ..models.sam3.build_sam3 import build_text_encoder
-    from .onnx import _convert, _finish_graph, _paddle2onnx, quantize_int8
+    from .onnx import _paddle2onnx, quantize_int8
 
     out = Path(out_dir)
     state = read_pdparams(out / WEIGHTS)
@@ -464,22 +470,48 @@ def quantize_text_encoder(out_dir: str | os.PathLike, spec: Sam3Spec) -> dict | 
     p2o = _paddle2onnx()
     text = build_text_encoder(spec, tokenizer=None)
     load_state_strict(text, text_state, where=f"{out / WEIGHTS} ({TEXT_PREFIX}*): ")
-    text.eval()
-    layer = TextFeatures(text)
-    with (
-        tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-text-") as tmp,
-        attention_kernel(text, False),  # ONNX has no form of Paddle's fused CPU kernel
-    ):
-        name = "text_encoder"
-        spec_in = [InputSpec([1, int(text.context_length)], "int64", "token_ids")]
-        paddle.jit.save(layer, str(Path(tmp) / name), input_spec=spec_in)
-        raw = Path(tmp) / f"{name}.onnx"
-        _convert(p2o, Path(tmp), name, raw, OPSET)
-        del text, layer
-        onnx_path = Path(tmp) / f"{name}.final.onnx"
-        outputs = ("language_features", "language_embeds")
-        _finish_graph(raw, name, outputs, {}, dst=onnx_path, external=f"{onnx_path.name}.data")
+    with tempfile.TemporaryDirectory(prefix="paddle-sam-sam3-text-") as tmp:
+        onnx_path = Path(tmp) / "text_encoder.final.onnx"
+        with attention_kernel(text, False):  # ONNX has no form of Paddle's fused CPU kernel
+            spec_in = [InputSpec([1, int(text.context_length)], "int64", "token_ids")]
+            trace_to_onnx(
+                p2o,
+                TextFeatures(text),
+                spec_in,
+                Path(tmp),
+                "text_encoder",
+                ("language_features", "language_embeds"),
+                {},
+                dst=onnx_path,
+                external=f"{onnx_path.name}.data",
+            )
+        del text  # not needed past the trace
         return quantize_int8(onnx_path, out / TEXT_INT8_FILES[0], None)
+
+
+def trace_to_onnx(
+    p2o: Any,
+    layer: nn.Layer,
+    spec_in: list,
+    tmp: Path,
+    name: str,
+    outputs: tuple[str, ...],
+    dims: dict[str, dict[int, str]],
+    *,
+    dst: Path,
+    external: str | None = None,
+) -> None:
+    """``layer`` (in eval mode) traced as a PIR program ``tmp/name`` for ``spec_in``,
+    converted by paddle2onnx (``p2o``) and finished as ``dst``: the outputs named
+    ``outputs``, the dynamic axes ``dims``, the weights as initializers (in ``external``
+    beside the graph, if given; :func:`~paddle_sam.export.onnx._finish_graph`)."""
+    from .onnx import _convert, _finish_graph
+
+    layer.eval()
+    paddle.jit.save(layer, str(tmp / name), input_spec=spec_in)
+    raw = tmp / f"{name}.onnx"
+    _convert(p2o, tmp, name, raw, OPSET)
+    _finish_graph(raw, name, outputs, dims, dst=dst, external=external)
 
 
 # samexporter's layout (export_sam3_samexporter): three ONNX files whose names, inputs and
@@ -571,7 +603,7 @@ def export_sam3_samexporter(
     heads, which the client thresholds and resizes. The number of boxes is dynamic. Weights
     over protobuf's 2 GB (the full-size image encoder) go to a ``.data`` file beside their
     graph. Returns the written graphs by part."""
-    from .onnx import _convert, _finish_graph, _paddle2onnx
+    from .onnx import _paddle2onnx
 
     text = model.backbone.language_backbone
     if text is None or int(text.context_length) != 32:
@@ -635,10 +667,16 @@ def export_sam3_samexporter(
         ),
     ):
         for part, (layer, spec_in, names, dims) in parts.items():
-            layer.eval()
-            paddle.jit.save(layer, str(Path(tmp) / part), input_spec=spec_in)
-            raw = Path(tmp) / f"{part}.onnx"
-            _convert(p2o, Path(tmp), part, raw, OPSET)
             external = f"{files[part].name}.data" if part == "image_encoder" and big else None
-            _finish_graph(raw, part, names, dims, dst=files[part], external=external)
+            trace_to_onnx(
+                p2o,
+                layer,
+                spec_in,
+                Path(tmp),
+                part,
+                names,
+                dims,
+                dst=files[part],
+                external=external,
+            )
     return files
