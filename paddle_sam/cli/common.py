@@ -150,7 +150,8 @@ def add_precision_arg(parser: argparse.ArgumentParser) -> None:
         help="with --exported: bf16 runs SAM v1's programs on oneDNN's bf16 kernels (Paddle "
         "Inference), or the image encoder of a SAM v1 ONNX, SAM 2 or SAM 3 ONNX export in bf16 "
         "on OpenVINO; CPUs with avx512_bf16 or AMX only; int8 runs a SAM v1 ONNX export's int8 "
-        "files, or a SAM 3 ONNX export's int8 backbone (exported with --quantize int8); both "
+        "files, or a SAM 2 ONNX export's int8 image encoder or a SAM 3 one's int8 backbone "
+        "(exported with --quantize int8); both "
         "approximate (default: %(default)s)",
     )
 

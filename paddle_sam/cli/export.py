@@ -259,7 +259,16 @@ def _export_sam2(args: argparse.Namespace) -> int:
             "SAM 2 exports its image encoder to ONNX, which OpenVINO runs (--format onnx, the "
             "default for SAM 2)"
         )
-    _refuse_other_options(args, "for SAM v1 / SAM 3 exports only")
+    if args.calibration is not None:
+        raise ValueError(
+            "--calibration: SAM 2's --quantize int8 stores int8 weights only (calibrated int8 "
+            "activations measured less accurate and little faster); leave it out"
+        )
+    _refuse_other_options(args, "for SAM v1 / SAM 3 exports only", allowed=("quantize",))
+    if args.quantize:
+        from ..export.onnx import _int8_tools
+
+        _int8_tools()  # a missing extra is named before the model is loaded
     source = source_of(args, "sam2")
     model = load(source, model_type=args.model_type)
     meta = source.meta
@@ -270,11 +279,14 @@ def _export_sam2(args: argparse.Namespace) -> int:
         model_type=source.model_type or meta.get("model_type"),
         source_sha256=(meta.get("source") or {}).get("sha256"),
         overwrite=args.overwrite,
+        quantize=args.quantize,
     )
+    int8 = " + image_encoder.int8.xml/.bin" if args.quantize else ""
     print(
-        f"exported (onnx) -> {Path(args.output)}/ (image_encoder.onnx, model.pdparams, "
+        f"exported (onnx) -> {Path(args.output)}/ (image_encoder.onnx{int8}, model.pdparams, "
         f"export.json) in {time.perf_counter() - t:.1f}s; run it with --exported "
         f"{Path(args.output)} (the openvino extra)"
+        + (" [--precision int8]" if args.quantize else "")
     )
     return 0
 
@@ -351,7 +363,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--quantize-out; SAM 3: also vision_backbone.int8.xml/.bin and "
         "text_encoder.int8.xml/.bin, the backbone and the text encoder with int8 weights for "
         "OpenVINO (NNCF; the int8 extra), run with --precision int8; with --calibration, the "
-        "backbone's activations int8 too (SAM v1: image_encoder.int8.xml/.bin)",
+        "backbone's activations int8 too (SAM v1: image_encoder.int8.xml/.bin); SAM 2: also "
+        "image_encoder.int8.xml/.bin, int8 weights only",
     )
     onnx.add_argument(
         "--calibration",

@@ -10,6 +10,8 @@ Hiera encoder faster than Paddle's dygraph kernels and than Paddle Inference wit
 on CPUs with ``avx512_bf16`` or AMX it computes in bf16 at about half the fp32 time. The fp32
 path agrees with the dynamic model to about 1e-5; bf16 is approximate (its cost is measured).
 OpenVINO picks bf16 by itself on such CPUs, so the precision is always set explicitly here.
+``int8`` runs ``image_encoder.int8.xml`` (``export --quantize int8``: int8 weights, float
+activations) on any CPU; approximate too.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class OpenVinoImageEncoder(nn.Layer):
     """``image_encoder`` of a SAM 2 model, computed by OpenVINO from ``image_encoder.onnx``.
 
     ``position_encoding``: the neck's (no weights; it depends on the levels' shapes only).
-    ``precision``: ``fp32`` or ``bf16`` (CPUs with avx512_bf16 or AMX only, detected here).
+    ``precision``: ``fp32``, ``bf16`` (CPUs with avx512_bf16 or AMX only, detected here) or
+    ``int8`` (``onnx_path`` an int8 file of ``export --quantize int8``).
     ``threads``: OpenVINO's inference threads (default: the process's Paddle thread count).
     """
 

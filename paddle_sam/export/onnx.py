@@ -72,8 +72,14 @@ EXTRA_METRICS_OUTPUTS = (
 )
 QUANTIZE_CHOICES = ("int8",)
 INT8_SUFFIX = ".int8"  # OpenVINO int8 models: <program>.int8.xml / .bin
-ENCODER_INT8 = "image_encoder_int8"  # the manifest's program of --calibration
+ENCODER_INT8 = "image_encoder_int8"  # the manifest's program of the int8 image encoder
 QUANT_SUFFIX = ".quant.onnx"
+
+
+def int8_files(program: str) -> tuple[str, str]:
+    """The OpenVINO model of ``program`` with int8 weights: ``<program>.int8.xml`` and
+    its ``.bin``."""
+    return (f"{program}{INT8_SUFFIX}.xml", f"{program}{INT8_SUFFIX}.bin")
 
 
 class SamOnnxModel(nn.Layer):
@@ -598,10 +604,7 @@ def export_onnx(
     out = Path(out_dir)
     programs = {p: [f"{p}.onnx"] + ([f"{p}{QUANT_SUFFIX}"] if quantize else []) for p in PROGRAMS}
     if calibration is not None:
-        programs[ENCODER_INT8] = [
-            f"image_encoder{INT8_SUFFIX}.xml",
-            f"image_encoder{INT8_SUFFIX}.bin",
-        ]
+        programs[ENCODER_INT8] = list(int8_files("image_encoder"))
     check_outputs(out, [f for names in programs.values() for f in names] + [MANIFEST], overwrite)
     out.mkdir(parents=True, exist_ok=True)
     size, grid = sam.spec.image_size, sam.spec.image_embedding_size

@@ -10,7 +10,11 @@ tracker's control flow is Python). So an export folder holds:
   what ``ImageEncoder`` returns as ``backbone_fpn`` before the decoder's ``conv_s0`` /
   ``conv_s1``; written from the PIR program by paddle2onnx (the ``onnx`` extra);
 - ``model.pdparams``: every other weight, Paddle layout, strictly loaded by the runtime;
-- ``export.json``: the format, the sizes (``spec``) and the level shapes.
+- ``export.json``: the format, the sizes (``spec``) and the level shapes;
+- with ``quantize="int8"``, ``image_encoder.int8.xml`` / ``.bin``: the encoder for OpenVINO
+  with int8 weights (NNCF's weight compression; activations stay float), which
+  ``precision="int8"`` runs at load time. Approximate: its cost is measured
+  (docs/performance.md), not assumed.
 
 The trunk's position embedding (a bicubic resize of a parameter, fixed for the image size) is
 stored in the program as a constant; the neck's nearest upsampling and the windows' padding are
@@ -31,12 +35,14 @@ from paddle.static import InputSpec
 
 from ..convert.core import save_pdparams, sidecar_meta, sidecar_path
 from ..models.sam2.sam2_base import SAM2Base
+from .onnx import ENCODER_INT8, int8_files
 from .sam_v1 import MANIFEST, check_outputs, write_manifest
 
 EXPORT_FORMAT = "paddle-sam/sam2-onnx"
 FORMAT_VERSION = 1
 ENCODER = "image_encoder"
 WEIGHTS = "model.pdparams"
+INT8_FILES = int8_files(ENCODER)
 #: the ONNX opset of the encoder (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
 OPSET = 17
 
@@ -80,20 +86,27 @@ def export_sam2(
     model_type: str | None = None,
     source_sha256: str | None = None,
     overwrite: bool = False,
+    quantize: str | None = None,
 ) -> dict:
     """Write ``image_encoder.onnx``, ``model.pdparams`` (+ its sidecar) and ``export.json``
     into ``out_dir``; returns the manifest. ``model``: a SAM 2 image or video model (the
-    video modules' weights are part of ``model.pdparams`` either way)."""
-    from .onnx import _convert, _finish_graph, _paddle2onnx
+    video modules' weights are part of ``model.pdparams`` either way). ``quantize="int8"``:
+    also ``image_encoder.int8.xml`` / ``.bin``, int8 weights for OpenVINO (weights only:
+    calibrated int8 activations were measured less accurate and little faster here)."""
+    from .onnx import _convert, _finish_graph, _int8_tools, _paddle2onnx, quantize_int8
 
     spec = getattr(model, "spec", None)
     if spec is None:
         raise ValueError("model has no .spec; build it with build_sam2 or load_sam2")
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be 'int8' or None, got {quantize!r}")
+    if quantize:
+        _int8_tools()  # a missing extra is named before any work
     p2o = _paddle2onnx()  # a missing extra is named before any work
     out = Path(out_dir)
     onnx_name = f"{ENCODER}.onnx"
     sidecar = sidecar_path(WEIGHTS).name
-    files = [onnx_name, WEIGHTS, sidecar, MANIFEST]
+    files = [onnx_name, WEIGHTS, sidecar, MANIFEST, *(INT8_FILES if quantize else ())]
     check_outputs(out, files, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -111,6 +124,11 @@ def export_sam2(
     levels = level_shapes(model)
     names = tuple(f"backbone_fpn_{i}" for i in range(len(levels)))
     _finish_graph(out / onnx_name, ENCODER, names, {})
+    programs = {ENCODER: [onnx_name], "weights": [WEIGHTS, sidecar]}
+    quantized = {}
+    if quantize:
+        quantized["int8"] = quantize_int8(out / onnx_name, out / INT8_FILES[0], None)
+        programs[ENCODER_INT8] = list(INT8_FILES)
     state = {
         k: np.asarray(v.numpy(), dtype=np.float32)
         for k, v in model.state_dict().items()
@@ -121,7 +139,7 @@ def export_sam2(
     return write_manifest(
         out,
         EXPORT_FORMAT,
-        {ENCODER: [onnx_name], "weights": [WEIGHTS, sidecar]},
+        programs,
         format_version=FORMAT_VERSION,
         model_type=model_type,
         source_sha256=source_sha256,
@@ -129,4 +147,5 @@ def export_sam2(
         image_size=size,
         levels=levels,
         opset=OPSET,
+        quantized=quantized,
     )

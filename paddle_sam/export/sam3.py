@@ -42,6 +42,7 @@ from ..models.sam3.build_sam3 import Sam3Spec
 from ..models.sam3.geometry_encoders import Prompt
 from ..models.sam3.model_misc import fused_attention_available
 from ..models.sam3.sam3_image import FindStage, Sam3Image
+from .onnx import int8_files
 from .sam_v1 import MANIFEST, check_outputs, save_manifest, write_manifest
 
 EXPORT_FORMAT = "paddle-sam/sam3-static"
@@ -58,13 +59,13 @@ ONNX_FORMAT = "paddle-sam/sam3-onnx"
 ONNX_FORMAT_VERSION = 1
 VISION = "vision_backbone"
 VISION_INT8 = "vision_backbone_int8"  # the manifest's program of --quantize int8
-INT8_FILES = (f"{VISION}.int8.xml", f"{VISION}.int8.bin")
+INT8_FILES = int8_files(VISION)
 WEIGHTS = "model.pdparams"
 VISION_PREFIX = "backbone.vision_backbone."
 # --quantize int8 also writes the text encoder with int8 weights (its fp32 weights stay in
 # model.pdparams for the fp32 and bf16 runs)
 TEXT_INT8 = "text_encoder_int8"
-TEXT_INT8_FILES = ("text_encoder.int8.xml", "text_encoder.int8.bin")
+TEXT_INT8_FILES = int8_files("text_encoder")
 TEXT_PREFIX = "backbone.language_backbone."
 #: the ONNX opset (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
 OPSET = 17

@@ -319,7 +319,7 @@ PRECISIONS: dict[tuple[str, str], tuple[str, ...]] = {
     # bf16: the encoder on OpenVINO; int8: the files of --quantize int8
     ("sam_v1", "onnxruntime"): ("fp32", "bf16", "int8"),
     ("sam3", "openvino"): ("fp32", "bf16", "int8"),  # int8: the file of --quantize int8
-    ("sam2", "openvino"): ("fp32", "bf16"),
+    ("sam2", "openvino"): ("fp32", "bf16", "int8"),  # int8: the file of --quantize int8
 }
 
 
@@ -511,8 +511,8 @@ def check_precision(source: Source, precision: str) -> None:
     if precision not in allowed:
         raise ValueError(
             f"--precision {precision}: {source.path} is {source.describe()}, which runs in "
-            f"{', '.join(allowed)} (bf16: SAM v1, SAM 2 and SAM 3 ONNX exports; int8: SAM v1 "
-            "and SAM 3 ONNX exports made with --quantize int8)"
+            f"{', '.join(allowed)} (bf16: SAM v1, SAM 2 and SAM 3 ONNX exports; int8: ONNX "
+            "exports made with --quantize int8)"
         )
 
 

@@ -229,13 +229,16 @@ def load_sam2_export(
     **kwargs: Any,
 ) -> SAM2Base:
     """SAM 2 from a ``paddle-sam export`` folder: the image encoder on OpenVINO
-    (:class:`~paddle_sam.deploy.sam2.OpenVinoImageEncoder`; ``precision`` fp32 or bf16,
-    ``threads``), every other weight strictly loaded from its ``model.pdparams``. ``video``:
-    a :class:`SAM2VideoPredictor` with upstream's post-processing (``kwargs`` go to it), else
-    the image model."""
+    (:class:`~paddle_sam.deploy.sam2.OpenVinoImageEncoder`; ``precision`` fp32, bf16, or int8
+    for the int8 weights of ``export --quantize int8``; ``threads``), every other weight
+    strictly loaded from its ``model.pdparams``. ``video``: a :class:`SAM2VideoPredictor`
+    with upstream's post-processing (``kwargs`` go to it), else the image model."""
+    from ..deploy.openvino import check_precision
     from ..deploy.sam2 import OpenVinoImageEncoder, read_sam2_manifest
+    from ..export.onnx import ENCODER_INT8
     from ..export.sam2 import ENCODER, WEIGHTS
 
+    check_precision(precision)
     folder = Path(export_dir)
     manifest = read_sam2_manifest(folder)
     try:
@@ -243,12 +246,18 @@ def load_sam2_export(
         levels = manifest["levels"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{folder / 'export.json'}: no valid spec and levels ({exc})") from None
+    program = ENCODER_INT8 if precision == "int8" else ENCODER
+    if not manifest["programs"].get(program):
+        raise ValueError(
+            f"precision int8: {folder} has no int8 image encoder; export it with "
+            "'paddle-sam export --quantize int8'"
+        )
     model_cls = SAM2VideoPredictor if video else SAM2Base
     extra = {**VIDEO_POSTPROCESSING, **kwargs} if video else kwargs
     with declared_parameters(True):
         model = build_sam2_model(spec, model_cls=model_cls, **extra)
     model.image_encoder = OpenVinoImageEncoder(
-        folder / manifest["programs"][ENCODER][0],
+        folder / manifest["programs"][program][0],
         model.image_encoder.neck.position_encoding,
         levels,
         precision=precision,

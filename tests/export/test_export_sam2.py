@@ -163,6 +163,50 @@ def test_bf16_where_the_cpu_has_it(exported, image):
     assert cosine > 0.99, cosine
 
 
+def test_int8_weights_from_the_cli(work, ckpt, exported, image, video, capsys):
+    """``export --quantize int8`` adds the encoder with int8 weights; ``--precision int8``
+    runs it (image and video): close to the fp32 export, not equal to it. An export without
+    the file, and --calibration (SAM 2 stores int8 weights only), are refused by name."""
+    pytest.importorskip("nncf")
+    out = work / "int8"
+    assert run(["export", "--checkpoint", ckpt, "-o", out, "--quantize", "int8"]) == 0
+    assert "image_encoder.int8.xml/.bin" in capsys.readouterr().out
+    manifest = json.loads((out / "export.json").read_text())
+    assert manifest["programs"]["image_encoder_int8"] == [
+        "image_encoder.int8.xml",
+        "image_encoder.int8.bin",
+    ]
+    assert "weights" in manifest["quantized"]["int8"]["method"]
+    int8 = load_sam2_export(out, precision="int8")
+    fp32 = load_sam2_export(exported)
+    x = paddle.to_tensor(np.random.default_rng(0).standard_normal((1, 3, 256, 256)), "float32")
+    for a, b in zip(
+        fp32.forward_image(x)["backbone_fpn"], int8.forward_image(x)["backbone_fpn"], strict=True
+    ):
+        a, b = a.numpy().ravel(), b.numpy().ravel()
+        assert np.abs(a - b).max() > 0  # int8 was applied: not the fp32 answer
+        assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.999
+    ours, theirs = SAM2ImagePredictor(int8), SAM2ImagePredictor(fp32)
+    for p in (ours, theirs):
+        p.set_image(image)
+    m1, s1, _ = theirs.predict([[30, 25]], [1])
+    m2, s2, _ = ours.predict([[30, 25]], [1])
+    assert _agree(m2, m1) >= 0.98 and np.abs(s2 - s1).max() < 0.05
+
+    tracked = work / "track_int8"
+    argv = ["track", video, "--exported", out, "-o", tracked, "--quiet", "--point", "0,20,25"]
+    assert run([*argv, "--precision", "int8"]) == 0
+    assert len(list((tracked / "masks" / "1").glob("*.png"))) == FRAMES
+    with pytest.raises(ValueError, match="no int8 image encoder.*--quantize int8"):
+        load_sam2_export(exported, precision="int8")
+    assert_user_error(
+        capsys,
+        [*["export", "--checkpoint", ckpt, "-o", work / "cal", "--quantize", "int8"]]
+        + ["--calibration", work],
+        "int8 weights only",
+    )
+
+
 def test_broken_folders_are_named(exported, tmp_path):
     import shutil
 
