@@ -2,12 +2,13 @@
 the official sam2 (1.1.0), same random weights, Hiera tiny and base+.
 
     python benchmarks/bench_sam2.py [--models t,b+] [--repeats 3] [--frames 6] [--rounds 2]
-        [--threads N] [--runtime dynamic|openvino|openvino-bf16]
+        [--threads N] [--runtime dynamic|openvino|openvino-bf16|openvino-int8]
         [--csv benchmarks/results/sam2_<timestamp>.csv]
 
-``--runtime openvino`` / ``openvino-bf16``: paddle-sam's side is ``paddle-sam export``'s folder
-of the same converted weights, its image encoder on OpenVINO (fp32, or bf16 where the CPU has
-avx512_bf16 or AMX), the rest the dynamic model, as ``--exported`` runs it.
+``--runtime openvino`` / ``openvino-bf16`` / ``openvino-int8``: paddle-sam's side is ``paddle-sam
+export --quantize int8``'s folder of the same converted weights, its image encoder on OpenVINO
+(fp32, bf16 where the CPU has avx512_bf16 or AMX, or the int8-weight file), the rest the dynamic
+model, as ``--exported`` runs it.
 
 A ``prepare`` worker writes a generated 640 x 480 video (JPEG frames ``0.jpg``, ``1.jpg``, ...,
 quality 95: upstream reads JPEG folders) and, per model, one set of weights: the official model
@@ -115,6 +116,8 @@ RUNTIME_NOTES = {
     "trunk row is the whole encoder (trunk and neck), its splits 0",
     "openvino-bf16": "paddle-sam export: image encoder on OpenVINO bf16 (approximate), the "
     "rest dynamic; the trunk row is the whole encoder (trunk and neck), its splits 0",
+    "openvino-int8": "paddle-sam export: image encoder on OpenVINO with int8 weights "
+    "(approximate), the rest dynamic; the trunk row is the whole encoder, its splits 0",
 }
 
 
@@ -265,7 +268,7 @@ def run_paddle_worker(args) -> dict:
     if args.threads:
         paddle_sam.set_num_threads(args.threads)
     cfg = config(args.model)
-    precision = "bf16" if args.runtime == "openvino-bf16" else "fp32"
+    precision = {"openvino-bf16": "bf16", "openvino-int8": "int8"}.get(args.runtime, "fp32")
 
     def image_model() -> Any:
         if args.runtime == "dynamic":
@@ -397,7 +400,12 @@ def prepare(tmp: Path, models: Sequence[str], frames: int, runtime: str) -> dict
             from paddle_sam.export.sam2 import export_sam2
             from paddle_sam.loading.sam2 import load_sam2
 
-            export_sam2(load_sam2(pdparams), tmp / f"{stem}_export", model_type=f"sam2.1_{model}")
+            export_sam2(
+                load_sam2(pdparams),
+                tmp / f"{stem}_export",
+                model_type=f"sam2.1_{model}",
+                quantize="int8" if runtime == "openvino-int8" else None,
+            )
             out[model]["paddle"] = str(tmp / f"{stem}_export")
     return out
 

@@ -1,5 +1,6 @@
-"""What SAM 2's export costs in accuracy: the image encoder on OpenVINO (fp32, and bf16 where the
-CPU has avx512_bf16 or AMX) against the dynamic model, full size, same weights.
+"""What SAM 2's export costs in accuracy: the image encoder on OpenVINO (fp32, int8 weights,
+and bf16 where the CPU has avx512_bf16 or AMX) against the dynamic model, full size, same
+weights.
 
     python benchmarks/sam2_export_accuracy.py [--models t,b+] [--clicks 32]
         [--csv benchmarks/results/sam2_export_accuracy_<timestamp>.csv]
@@ -48,7 +49,12 @@ def measure(model: str, clicks: int, tmp: Path) -> list[dict]:
     pdparams = tmp / f"{model}.pdparams"
     convert_checkpoint(pt, pdparams, progress=False)
     dynamic = load_sam2(pdparams)
-    export_sam2(dynamic, tmp / f"{model}_export", model_type=f"sam2.1_hiera_{MODELS[model]}")
+    export_sam2(
+        dynamic,
+        tmp / f"{model}_export",
+        model_type=f"sam2.1_hiera_{MODELS[model]}",
+        quantize="int8",
+    )
     image = v1.make_image()
     rng = np.random.default_rng(0)
     points = rng.uniform(0, 1, (clicks, 2)) * np.array([image.shape[1], image.shape[0]])
@@ -62,7 +68,7 @@ def measure(model: str, clicks: int, tmp: Path) -> list[dict]:
 
     ref_emb, ref = answers(dynamic)
     rows = []
-    precisions = ["fp32"] + (["bf16"] if bf16_refusal() is None else [])
+    precisions = ["fp32", "int8"] + (["bf16"] if bf16_refusal() is None else [])
     for precision in precisions:
         emb, got = answers(load_sam2_export(tmp / f"{model}_export", precision=precision))
         agree = [
