@@ -17,14 +17,17 @@ activations) on any CPU; approximate too.
 from __future__ import annotations
 
 import os
+import threading
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import paddle
 from paddle import nn
 
 from ..export.sam2 import ENCODER, EXPORT_FORMAT, FORMAT_VERSION
 from ..models.common import as_tensor
-from .openvino import OpenVinoProgram
+from .openvino import OpenVinoProgram, compile_onnx
 from .sam_v1 import read_manifest
 
 
@@ -64,3 +67,44 @@ class OpenVinoImageEncoder(nn.Layer):
         fpn = [as_tensor(level) for level in self.program(sample.numpy())]
         pos = [self.position_encoding(f).astype(f.dtype) for f in fpn]
         return {"vision_features": fpn[-1], "vision_pos_enc": pos, "backbone_fpn": fpn}
+
+
+class OpenVinoMemoryAttention(nn.Layer):
+    """``memory_attention`` of a SAM 2 video model, computed by OpenVINO from
+    ``memory_attention.onnx``: the same call (``curr``, ``curr_pos`` as ``HW x B x d`` tensors
+    or one-item lists, ``memory``, ``memory_pos`` as ``M x B x mem_dim``, ``num_obj_ptr_tokens``)
+    and the same ``HW x B x d`` answer, object by object (the file takes one). Always fp32:
+    bf16 moved its outputs by up to 5.8 on outputs of magnitude 0.8. ``threads``: OpenVINO's
+    inference threads (default: the process's Paddle thread count)."""
+
+    def __init__(self, onnx_path: str | os.PathLike, *, threads: int | None = None) -> None:
+        super().__init__()
+        self.onnx_path = Path(onnx_path)
+        self.compiled = compile_onnx(self.onnx_path, "fp32", threads)
+        if len(self.compiled.inputs) != 5 or len(self.compiled.outputs) != 1:
+            raise ValueError(
+                f"{self.onnx_path}: {len(self.compiled.inputs)} inputs and "
+                f"{len(self.compiled.outputs)} outputs, a memory attention has 5 and 1"
+            )
+        self._request = self.compiled.create_infer_request()
+        self._lock = threading.Lock()
+
+    def forward(
+        self,
+        curr: paddle.Tensor | list[paddle.Tensor],
+        memory: paddle.Tensor,
+        curr_pos: paddle.Tensor | list[paddle.Tensor] | None = None,
+        memory_pos: paddle.Tensor | None = None,
+        num_obj_ptr_tokens: int = 0,
+    ) -> paddle.Tensor:
+        if isinstance(curr, list):
+            curr, curr_pos = curr[0], curr_pos[0]
+        arrays = [np.asarray(t.numpy(), np.float32) for t in (curr, curr_pos, memory, memory_pos)]
+        count = np.array(int(num_obj_ptr_tokens), np.int64)
+        outs = []
+        with self._lock:
+            for b in range(arrays[0].shape[1]):
+                inputs = [np.ascontiguousarray(a[:, b : b + 1]) for a in arrays]
+                result = self._request.infer([*inputs, count], share_outputs=False)
+                outs.append(result[self.compiled.outputs[0]])
+        return as_tensor(outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1))

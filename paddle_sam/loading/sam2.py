@@ -232,11 +232,13 @@ def load_sam2_export(
     (:class:`~paddle_sam.deploy.sam2.OpenVinoImageEncoder`; ``precision`` fp32, bf16, or int8
     for the int8 weights of ``export --quantize int8``; ``threads``), every other weight
     strictly loaded from its ``model.pdparams``. ``video``: a :class:`SAM2VideoPredictor`
-    with upstream's post-processing (``kwargs`` go to it), else the image model."""
+    with upstream's post-processing (``kwargs`` go to it), its memory attention on OpenVINO
+    in fp32 where the export has it (:class:`~paddle_sam.deploy.sam2.OpenVinoMemoryAttention`),
+    else the image model."""
     from ..deploy.openvino import check_precision
-    from ..deploy.sam2 import OpenVinoImageEncoder, read_sam2_manifest
+    from ..deploy.sam2 import OpenVinoImageEncoder, OpenVinoMemoryAttention, read_sam2_manifest
     from ..export.onnx import ENCODER_INT8
-    from ..export.sam2 import ENCODER, WEIGHTS
+    from ..export.sam2 import ENCODER, MEMORY_ATTENTION, WEIGHTS
 
     check_precision(precision)
     folder = Path(export_dir)
@@ -265,6 +267,10 @@ def load_sam2_export(
     )
     weights = folder / WEIGHTS
     load_state_strict(model, read_pdparams(weights), where=f"{weights}: ")
+    if video and manifest["programs"].get(MEMORY_ATTENTION):  # exports before it: dynamic
+        model.memory_attention = OpenVinoMemoryAttention(
+            folder / manifest["programs"][MEMORY_ATTENTION][0], threads=threads
+        )
     return model
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from paddle_sam import loading
 from paddle_sam._runtime import bf16_refusal
-from paddle_sam.deploy.sam2 import OpenVinoImageEncoder
+from paddle_sam.deploy.sam2 import OpenVinoImageEncoder, OpenVinoMemoryAttention
 from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam2 import export_sam2
 from paddle_sam.loading.sam2 import (
@@ -74,6 +74,11 @@ def test_the_folder_holds_the_encoder_and_the_other_weights(exported):
     graph = onnx.load(str(exported / "image_encoder.onnx")).graph
     assert [o.name for o in graph.output] == ["backbone_fpn_0", "backbone_fpn_1", "backbone_fpn_2"]
     assert not any(n.op_type == "Constant" for n in graph.node)  # weights are initializers
+    graph = onnx.load(str(exported / "memory_attention.onnx")).graph
+    assert [i.name for i in graph.input] == [
+        *["curr", "curr_pos", "memory", "memory_pos", "num_obj_ptr_tokens"]
+    ]
+    assert graph.input[2].type.tensor_type.shape.dim[0].dim_param == "tokens"
     keys = set(read_pdparams(exported / "model.pdparams"))
     assert keys and not any(k.startswith("image_encoder.") for k in keys)
     assert "sam_mask_decoder.conv_s0.weight" in keys and "memory_encoder.pix_feat_proj.weight" in (
@@ -135,6 +140,7 @@ def test_video_predictor_tracks_as_the_dynamic_model(exported, ckpt, video):
     dynamic = build_sam2_video_predictor(SPEC, ckpt)
     ours = load_sam2_export(exported, video=True)
     assert ours.fill_hole_area == dynamic.fill_hole_area == 8  # upstream's post-processing
+    assert isinstance(ours.memory_attention, OpenVinoMemoryAttention)
     results = []
     for model in (dynamic, ours):
         state = model.init_state(str(video))
@@ -145,6 +151,30 @@ def test_video_predictor_tracks_as_the_dynamic_model(exported, ckpt, video):
     for f in results[0]:
         assert results[0][f][0] == results[1][f][0]
         assert _agree(results[1][f][1], results[0][f][1]) >= 0.999, f
+
+
+@pytest.mark.parametrize(("frames", "pointers", "batch"), [(1, 0, 1), (3, 5, 2), (2, 16, 1)])
+def test_memory_attention_answers_as_the_dynamic_one(exported, ckpt, frames, pointers, batch):
+    """The exported memory attention (any memory length, with or without object pointers,
+    object by object for a batch) against the dynamic module on the same weights."""
+    dynamic = build_sam2_video_predictor(SPEC, ckpt).memory_attention
+    ours = load_sam2_export(exported, video=True).memory_attention
+    rng = np.random.default_rng(frames)
+    tokens, n = 16 * 16, frames * 16 * 16 + pointers
+    curr, curr_pos = (rng.standard_normal((tokens, batch, 256), np.float32) for _ in range(2))
+    memory, memory_pos = (rng.standard_normal((n, batch, 64), np.float32) for _ in range(2))
+    args = {
+        "curr": [paddle.to_tensor(curr)],
+        "curr_pos": [paddle.to_tensor(curr_pos)],
+        "memory": paddle.to_tensor(memory),
+        "memory_pos": paddle.to_tensor(memory_pos),
+        "num_obj_ptr_tokens": pointers,
+    }
+    with paddle.no_grad():
+        want = dynamic(**args).numpy()
+        got = ours(**args).numpy()
+    assert got.shape == want.shape == (tokens, batch, 256)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
 
 
 def test_bf16_where_the_cpu_has_it(exported, image):

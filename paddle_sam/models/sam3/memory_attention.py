@@ -194,6 +194,9 @@ class RoPEAttention(Attention):
         cos, sin = self._cos_sin(n_q)
         dtype = q.dtype
         q = apply_rope(q.astype("float32"), cos, sin, self.rope_swap).astype(dtype)
+        if not (is_static_size(n_k) and is_static_size(num_k_exclude_rope)):
+            k = self._rotate_traced_keys(k, cos, sin, num_k_exclude_rope)
+            return self._attend(q, k, v, v_proj)
         num_k_rope = n_k - num_k_exclude_rope
         if num_k_rope > 0:
             r = num_k_rope // n_q if self.rope_k_repeat else 1
@@ -211,6 +214,22 @@ class RoPEAttention(Attention):
                 else paddle.concat([k_rope, k[:, :, num_k_rope:]], axis=2)
             )
         return self._attend(q, k, v, v_proj)
+
+    def _rotate_traced_keys(
+        self, k: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, num_k_exclude_rope: Any
+    ) -> paddle.Tensor:
+        """The keys rotated in a static graph whose number of keys (memories) and of object
+        pointers are known at run time only (the memory attention's export): the rotated
+        keys, whole grids of the query size (``rope_k_repeat``), rotated with the tables
+        broadcast over the grids; the last ``num_k_exclude_rope`` keys as they are."""
+        if not self.rope_k_repeat:
+            raise ValueError("keys of a length known at run time need rope_k_repeat")
+        shape = paddle.shape(k)
+        b, h, d = shape[0], shape[1], k.shape[3]
+        num_k_rope = shape[2] - num_k_exclude_rope
+        grids = k[:, :, :num_k_rope].reshape([b, h, -1, cos.shape[0], d])
+        grids = apply_rope(grids.astype("float32"), cos, sin, self.rope_swap).astype(k.dtype)
+        return paddle.concat([grids.reshape([b, h, -1, d]), k[:, :, num_k_rope:]], axis=2)
 
 
 class TransformerDecoderLayerv1(nn.Layer):
@@ -375,7 +394,8 @@ class TransformerDecoderLayerv2(TransformerDecoderLayerv1):
         if self.cross_attn_image is None:
             return tgt
         kwds = {}
-        if num_k_exclude_rope > 0:
+        # a tensor in a static graph traced for any number of object pointers (the export)
+        if not is_static_size(num_k_exclude_rope) or num_k_exclude_rope > 0:
             if not isinstance(self.cross_attn_image, RoPEAttention):
                 raise TypeError("num_k_exclude_rope needs a RoPEAttention cross-attention")
             kwds = {"num_k_exclude_rope": num_k_exclude_rope}
