@@ -1,5 +1,7 @@
 """SAM 2.1's memory attention alone (the larger half of a tracked frame late in a video):
-paddle-sam's against the official sam2's, same weights, same inputs, each in its own process.
+paddle-sam's, dynamic and exported (``memory_attention.onnx`` on OpenVINO fp32, as the exported
+video predictor runs it), against the official sam2's, same weights, same inputs, each in its
+own process.
 
     python benchmarks/bench_memory_attention.py [--memories 1,4,7] [--pointers 16]
         [--repeats 3] [--threads N] [--csv PATH]
@@ -34,7 +36,7 @@ import bench_sam2  # noqa: E402
 import bench_sam_v1 as v1  # noqa: E402
 import numpy as np  # noqa: E402
 
-IMPLS = ("paddle", "torch")
+IMPLS = ("paddle", "openvino", "torch")
 SIDE = 64  # the memory attention's grid at 1024 px (stride 16)
 SEED = 7
 
@@ -81,17 +83,20 @@ def time_counts(attention, to_tensor, to_numpy, args) -> dict[int, tuple[float, 
 
 
 def run_worker(args) -> dict:
-    if args.worker == "paddle":
+    if args.worker in ("paddle", "openvino"):
         import paddle_sam
 
         paddle_sam.tune_process()
         import paddle
 
-        from paddle_sam.loading.sam2 import build_sam2
+        from paddle_sam.loading.sam2 import build_sam2, load_sam2_export
 
         if args.threads:
             paddle_sam.set_num_threads(args.threads)
-        attention = build_sam2(bench_sam2.config("t"), args.checkpoint).memory_attention
+        if args.worker == "openvino":
+            attention = load_sam2_export(args.checkpoint, video=True).memory_attention
+        else:
+            attention = build_sam2(bench_sam2.config("t"), args.checkpoint).memory_attention
         with paddle.no_grad():
             results = time_counts(attention, paddle.to_tensor, lambda t: t.numpy(), args)
         version = paddle.__version__
@@ -134,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     started = dt.datetime.now(dt.UTC)
     with tempfile.TemporaryDirectory(prefix="bench_memattn_") as tmp:
-        paths = bench_sam2.prepare(Path(tmp), ["t"], 3, "dynamic")["t"]
+        prepared = bench_sam2.prepare(Path(tmp), ["t"], 3, "openvino")["t"]
+        paths = {"paddle": prepared["pdparams"], "openvino": prepared["paddle"]}
+        paths["torch"] = prepared["torch"]
         runs = {}
         for impl in IMPLS:
             cmd = ["--worker", impl, "--checkpoint", paths[impl], "--outputs", tmp]
@@ -145,21 +152,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs[impl] = v1.run_child(cmd, impl, script=__file__)
         rows = []
         for m in args.memories.split(","):
-            a, b = (np.load(Path(tmp) / f"{i}_{int(m)}.npy") for i in IMPLS)
-            s_p, s_t = runs["paddle"]["seconds"][m], runs["torch"]["seconds"][m]
+            a, o, b = (np.load(Path(tmp) / f"{i}_{int(m)}.npy") for i in IMPLS)
+            s_p, s_o, s_t = (runs[i]["seconds"][m] for i in IMPLS)
             keys = int(m) * SIDE * SIDE + 4 * args.pointers
-            rows.append([m, keys, s_p, s_t, s_p / s_t, float(np.abs(a - b).max())])
+            diff_p, diff_o = (float(np.abs(x - b).max()) for x in (a, o))
+            rows.append([m, keys, s_p, s_o, s_t, s_p / s_t, s_o / s_t, diff_p, diff_o])
     cpu = f"{v1._cpu_model()} ({v1.cpu_flags()})"
     print(f"\n{started:%Y-%m-%d %H:%M} UTC, {cpu}, 1-min load at end {os.getloadavg()[0]:.2f}")
-    print("memories  keys    paddle-sam s  official s  ratio  max abs diff")
-    for m, keys, s_p, s_t, r, d in rows:
-        print(f"{m:>8}  {keys:>6}  {s_p:12.3f}  {s_t:10.3f}  {r:5.2f}  {d:.2e}")
+    print("memories  keys    dynamic s  openvino s  official s  ratios        max abs diff")
+    for m, keys, s_p, s_o, s_t, r_p, r_o, d_p, d_o in rows:
+        print(
+            f"{m:>8}  {keys:>6}  {s_p:9.3f}  {s_o:10.3f}  {s_t:10.3f}  {r_p:4.2f} {r_o:4.2f}"
+            f"     {d_p:.1e} {d_o:.1e}"
+        )
     if args.csv:
         import csv
 
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["memories", "keys", "paddle_s", "torch_s", "ratio", "max_abs_diff"])
+            w.writerow(
+                [
+                    *["memories", "keys", "paddle_s", "openvino_s", "torch_s"],
+                    *["paddle_ratio", "openvino_ratio", "paddle_max_abs_diff"],
+                    "openvino_max_abs_diff",
+                ]
+            )
             w.writerows(rows)
         print(f"wrote {args.csv}")
     return 0

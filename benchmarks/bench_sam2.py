@@ -395,7 +395,7 @@ def prepare(tmp: Path, models: Sequence[str], frames: int, runtime: str) -> dict
         gc.collect()
         pdparams = tmp / f"{stem}.pdparams"
         convert_checkpoint(pt, pdparams, progress=False)
-        out[model] = {"torch": str(pt), "paddle": str(pdparams)}
+        out[model] = {"torch": str(pt), "paddle": str(pdparams), "pdparams": str(pdparams)}
         if runtime != "dynamic":
             from paddle_sam.export.sam2 import export_sam2
             from paddle_sam.loading.sam2 import load_sam2

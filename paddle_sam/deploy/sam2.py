@@ -1,4 +1,5 @@
-"""SAM 2's exported image encoder on OpenVINO (the ``openvino`` extra), in the model's place.
+"""SAM 2's exported image encoder and memory attention on OpenVINO (the ``openvino`` extra), in
+the model's place.
 
 :class:`OpenVinoImageEncoder` takes the place of ``SAM2Base.image_encoder``: it answers the same
 call with the same dict (``vision_features``, ``vision_pos_enc``, ``backbone_fpn``), so the image
@@ -9,6 +10,8 @@ Why OpenVINO: measured on the CPUs this project runs on (docs/performance.md), i
 Hiera encoder faster than Paddle's dygraph kernels and than Paddle Inference with oneDNN, and
 on CPUs with ``avx512_bf16`` or AMX it computes in bf16 at about half the fp32 time. The fp32
 path agrees with the dynamic model to about 1e-5; bf16 is approximate (its cost is measured).
+:class:`OpenVinoMemoryAttention` takes the place of ``memory_attention`` in the video
+predictor (``memory_attention.onnx``), always in fp32.
 OpenVINO picks bf16 by itself on such CPUs, so the precision is always set explicitly here.
 ``int8`` runs ``image_encoder.int8.xml`` (``export --quantize int8``: int8 weights, float
 activations) on any CPU; approximate too.
