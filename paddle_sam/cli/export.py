@@ -283,8 +283,9 @@ def _export_sam2(args: argparse.Namespace) -> int:
     )
     int8 = " + image_encoder.int8.xml/.bin" if args.quantize else ""
     print(
-        f"exported (onnx) -> {Path(args.output)}/ (image_encoder.onnx{int8}, model.pdparams, "
-        f"export.json) in {time.perf_counter() - t:.1f}s; run it with --exported "
+        f"exported (onnx) -> {Path(args.output)}/ (image_encoder.onnx{int8}, "
+        f"memory_attention.onnx, model.pdparams, export.json) in {time.perf_counter() - t:.1f}s; "
+        "run it with --exported "
         f"{Path(args.output)} (the openvino extra)"
         + (" [--precision int8]" if args.quantize else "")
     )
@@ -297,8 +298,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "export",
         help="export to PIR static programs for Paddle Inference (SAM v1: image encoder and "
         "prompt decoder; SAM 3: backbone, text encoder and prompt decoder), to ONNX (SAM v1, "
-        "with the official decoder interface) or, for SAM 2, its image encoder to ONNX for "
-        "OpenVINO",
+        "with the official decoder interface) or, for SAM 2, its image encoder and memory "
+        "attention to ONNX for OpenVINO",
     )
     x.add_argument("-o", "--output", required=True, help="output folder")
     x.add_argument(

@@ -1,9 +1,11 @@
-"""Export SAM 2's image encoder to ONNX for OpenVINO, with the rest of the model's weights.
+"""Export SAM 2's image encoder and memory attention to ONNX for OpenVINO, with the rest of the
+model's weights.
 
 The image encoder (Hiera trunk and FPN neck, about nine tenths of a ``set_image`` and half of
-a tracked frame) is the part a CPU runtime speeds up; the prompt encoder, the mask decoder and
-the memory modules stay the dynamic model's (they are a few percent of the time, and the video
-tracker's control flow is Python). So an export folder holds:
+a tracked frame) and the memory attention (most of the other half) are the parts a CPU runtime
+speeds up; the prompt encoder, the mask decoder and the memory encoder stay the dynamic model's
+(a few percent of the time; the video tracker's control flow is Python). So an export folder
+holds:
 
 - ``image_encoder.onnx``: normalised image ``1 x 3 x S x S`` -> the kept FPN levels
   ``backbone_fpn_i`` (finest first, ``1 x 256 x h_i x w_i``; a batch runs image by image),
