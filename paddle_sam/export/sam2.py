@@ -16,7 +16,7 @@ holds:
   tokens and position encoding (``HW x 1 x d``) and the memory bank's (``M x 1 x mem_dim``, ``M``
   any length) with how many of its tokens are object pointers (an int64 scalar) -> the
   conditioned tokens; run on OpenVINO in fp32 (bf16 moved its outputs by up to 5.8), where
-  it takes 0.69-0.71 of the official module's time against 0.82-0.89 for the dynamic one;
+  it took 0.70-0.82 of the official module's time against 0.74-0.87 for the dynamic one;
 - ``export.json``: the format, the sizes (``spec``) and the level shapes;
 - with ``quantize="int8"``, ``image_encoder.int8.xml`` / ``.bin``: the encoder for OpenVINO
   with int8 weights (NNCF's weight compression; activations stay float), which
