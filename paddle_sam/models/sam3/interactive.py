@@ -531,15 +531,19 @@ class SAM3InteractiveImagePredictor(nn.Layer):
         finest levels already went through ``conv_s0`` / ``conv_s1``, for the images of
         original sizes ``orig_hw`` (one ``(H, W)`` per image of the batch). ``is_batch``: the
         features are a batch for :meth:`predict_batch` (upstream's batched mode)."""
-        _, feats, _, _ = self.model._prepare_backbone_features(backbone_out)
-        feats[-1] = feats[-1] + self.model.no_mem_embed
-        n = feats[-1].shape[1]
+        # upstream flattens the levels to HW x N x C (with their position encodings) and
+        # lays them back out as maps: views in torch, copies here (0.13 s of a SAM 2 tiny
+        # set_image), and only layout, so the maps are taken as they are
+        maps = list(backbone_out["backbone_fpn"][-self.model.num_feature_levels :])
+        n = maps[-1].shape[0]
         if len(orig_hw) != n:
             raise ValueError(f"{n} images in the features but {len(orig_hw)} original sizes")
-        maps = [
-            f.transpose([1, 2, 0]).reshape([n, -1, *size])
-            for f, size in zip(feats, self._bb_feat_sizes, strict=True)
-        ]
+        sizes = [tuple(m.shape[-2:]) for m in maps]
+        if sizes != [tuple(s) for s in self._bb_feat_sizes]:
+            raise ValueError(
+                f"feature maps of sizes {sizes}, the model's are {self._bb_feat_sizes}"
+            )
+        maps[-1] = maps[-1] + self.model.no_mem_embed.reshape([1, -1, 1, 1])
         self._features = {"image_embed": maps[-1], "high_res_feats": maps[:-1]}
         self._orig_hw = [(int(h), int(w)) for h, w in orig_hw]
         self._is_image_set = True
