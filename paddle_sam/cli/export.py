@@ -1,6 +1,7 @@
 """``paddle-sam export``: PIR static programs (or ONNX) for SAM v1 and SAM 3; SAM 2's image
-encoder and (``--format onnx``) SAM 3's vision backbone to ONNX for OpenVINO; (``--format
-samexporter``) SAM 3's image model as the samexporter package's three ONNX files."""
+encoder, memory attention and memory encoder and (``--format onnx``) SAM 3's vision backbone
+to ONNX for OpenVINO; (``--format samexporter``) SAM 3's image model as the samexporter
+package's three ONNX files."""
 
 from __future__ import annotations
 
@@ -249,8 +250,8 @@ def _export_sam3_samexporter(args: argparse.Namespace) -> int:
 
 
 def _export_sam2(args: argparse.Namespace) -> int:
-    """``export`` of a SAM 2 checkpoint: the image encoder to ONNX (for OpenVINO), the other
-    weights beside it."""
+    """``export`` of a SAM 2 checkpoint: the image encoder, memory attention and memory
+    encoder to ONNX (for OpenVINO), the other weights beside it."""
     from ..export.sam2 import export_sam2
     from ..loading import load_model as load
 
@@ -284,8 +285,8 @@ def _export_sam2(args: argparse.Namespace) -> int:
     int8 = " + image_encoder.int8.xml/.bin" if args.quantize else ""
     print(
         f"exported (onnx) -> {Path(args.output)}/ (image_encoder.onnx{int8}, "
-        f"memory_attention.onnx, model.pdparams, export.json) in {time.perf_counter() - t:.1f}s; "
-        "run it with --exported "
+        "memory_attention.onnx, memory_encoder.onnx, model.pdparams, export.json) in "
+        f"{time.perf_counter() - t:.1f}s; run it with --exported "
         f"{Path(args.output)} (the openvino extra)"
         + (" [--precision int8]" if args.quantize else "")
     )
@@ -298,8 +299,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "export",
         help="export to PIR static programs for Paddle Inference (SAM v1: image encoder and "
         "prompt decoder; SAM 3: backbone, text encoder and prompt decoder), to ONNX (SAM v1, "
-        "with the official decoder interface) or, for SAM 2, its image encoder and memory "
-        "attention to ONNX for OpenVINO",
+        "with the official decoder interface) or, for SAM 2, its image encoder, memory "
+        "attention and memory encoder to ONNX for OpenVINO",
     )
     x.add_argument("-o", "--output", required=True, help="output folder")
     x.add_argument(
@@ -309,8 +310,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="pir: Paddle Inference programs (the default for SAM v1 and SAM 3); onnx: SAM "
         "v1's image_encoder.onnx and prompt_decoder.onnx via paddle2onnx (the onnx extra), the "
         "decoder with the official SAM ONNX interface; SAM 3's vision_backbone.onnx for "
-        "OpenVINO (the rest runs on Paddle); SAM 2's image_encoder.onnx for OpenVINO (its "
-        "only format); samexporter: SAM 3's image model as samexporter's three ONNX files "
+        "OpenVINO (the rest runs on Paddle); SAM 2's image_encoder.onnx, memory_attention.onnx "
+        "and memory_encoder.onnx for OpenVINO (its only format); samexporter: SAM 3's image "
+        "model as samexporter's three ONNX files "
         "(sam3_image_encoder.onnx, sam3_language_encoder.onnx, sam3_decoder.onnx) for its ONNX "
         "Runtime client and the tools reading that layout",
     )

@@ -111,3 +111,36 @@ class OpenVinoProgram:
                     f"says B x {' x '.join(map(str, shape))}"
                 )
         return outputs
+
+
+class OpenVinoFunction:
+    """An exported ONNX file of several inputs and outputs (a video model's module), compiled
+    once in fp32 and called under a lock (one infer request, shared by the threads of a
+    service). ``inputs`` / ``outputs``: how many the file must have, else it is refused by
+    name (``what`` says what it was meant to be)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        inputs: int,
+        outputs: int,
+        what: str,
+        *,
+        threads: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.compiled = compile_onnx(self.path, "fp32", threads)
+        got = len(self.compiled.inputs), len(self.compiled.outputs)
+        if got != (inputs, outputs):
+            raise ValueError(
+                f"{self.path}: {got[0]} inputs and {got[1]} outputs, {what} has {inputs} and "
+                f"{outputs}"
+            )
+        self._request = self.compiled.create_infer_request()
+        self._lock = threading.Lock()
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """The inputs in the file's order -> its outputs (arrays the caller owns)."""
+        with self._lock:
+            results = self._request.infer(list(arrays), share_outputs=False)
+        return [results[out] for out in self.compiled.outputs]

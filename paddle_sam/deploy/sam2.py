@@ -1,5 +1,5 @@
-"""SAM 2's exported image encoder and memory attention on OpenVINO (the ``openvino`` extra), in
-the model's place.
+"""SAM 2's exported image encoder, memory attention and memory encoder on OpenVINO (the
+``openvino`` extra), in the model's place.
 
 :class:`OpenVinoImageEncoder` takes the place of ``SAM2Base.image_encoder``: it answers the same
 call with the same dict (``vision_features``, ``vision_pos_enc``, ``backbone_fpn``), so the image
@@ -11,7 +11,8 @@ Hiera encoder faster than Paddle's dygraph kernels and than Paddle Inference wit
 on CPUs with ``avx512_bf16`` or AMX it computes in bf16 at about half the fp32 time. The fp32
 path agrees with the dynamic model to about 1e-5; bf16 is approximate (its cost is measured).
 :class:`OpenVinoMemoryAttention` takes the place of ``memory_attention`` in the video
-predictor (``memory_attention.onnx``), always in fp32.
+predictor (``memory_attention.onnx``) and :class:`OpenVinoMemoryEncoder` that of
+``memory_encoder`` (``memory_encoder.onnx``), always in fp32.
 OpenVINO picks bf16 by itself on such CPUs, so the precision is always set explicitly here.
 ``int8`` runs ``image_encoder.int8.xml`` (``export --quantize int8``: int8 weights, float
 activations) on any CPU; approximate too.
@@ -20,8 +21,6 @@ activations) on any CPU; approximate too.
 from __future__ import annotations
 
 import os
-import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,7 @@ from paddle import nn
 
 from ..export.sam2 import ENCODER, EXPORT_FORMAT, FORMAT_VERSION
 from ..models.common import as_tensor
-from .openvino import OpenVinoProgram, compile_onnx
+from .openvino import OpenVinoFunction, OpenVinoProgram
 from .sam_v1 import read_manifest
 
 
@@ -82,15 +81,8 @@ class OpenVinoMemoryAttention(nn.Layer):
 
     def __init__(self, onnx_path: str | os.PathLike, *, threads: int | None = None) -> None:
         super().__init__()
-        self.onnx_path = Path(onnx_path)
-        self.compiled = compile_onnx(self.onnx_path, "fp32", threads)
-        if len(self.compiled.inputs) != 5 or len(self.compiled.outputs) != 1:
-            raise ValueError(
-                f"{self.onnx_path}: {len(self.compiled.inputs)} inputs and "
-                f"{len(self.compiled.outputs)} outputs, a memory attention has 5 and 1"
-            )
-        self._request = self.compiled.create_infer_request()
-        self._lock = threading.Lock()
+        self.program = OpenVinoFunction(onnx_path, 5, 1, "a memory attention", threads=threads)
+        self.onnx_path = self.program.path
 
     def forward(
         self,
@@ -105,9 +97,39 @@ class OpenVinoMemoryAttention(nn.Layer):
         arrays = [np.asarray(t.numpy(), np.float32) for t in (curr, curr_pos, memory, memory_pos)]
         count = np.array(int(num_obj_ptr_tokens), np.int64)
         outs = []
-        with self._lock:
-            for b in range(arrays[0].shape[1]):
-                inputs = [np.ascontiguousarray(a[:, b : b + 1]) for a in arrays]
-                result = self._request.infer([*inputs, count], share_outputs=False)
-                outs.append(result[self.compiled.outputs[0]])
+        for b in range(arrays[0].shape[1]):
+            inputs = [np.ascontiguousarray(a[:, b : b + 1]) for a in arrays]
+            outs.append(self.program(*inputs, count)[0])
         return as_tensor(outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1))
+
+
+class OpenVinoMemoryEncoder(nn.Layer):
+    """``memory_encoder`` of a SAM 2 video model, computed by OpenVINO from
+    ``memory_encoder.onnx``: the same call (``pix_feat`` ``B x d x h x w``, ``masks``
+    ``B x 1 x S x S`` logits, or probabilities with ``skip_mask_sigmoid``) and the same dict
+    (``vision_features`` ``B x mem_dim x h x w``, ``vision_pos_enc``), every object in one
+    call. ``position_encoding``: the memory encoder's (no weights; it depends on the shape
+    only). Always fp32. ``threads``: OpenVINO's inference threads (default: the process's
+    Paddle thread count)."""
+
+    def __init__(
+        self,
+        onnx_path: str | os.PathLike,
+        position_encoding: nn.Layer,
+        *,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.program = OpenVinoFunction(onnx_path, 2, 1, "a memory encoder", threads=threads)
+        self.onnx_path = self.program.path
+        self.position_encoding = position_encoding
+
+    def forward(
+        self, pix_feat: paddle.Tensor, masks: paddle.Tensor, skip_mask_sigmoid: bool = False
+    ) -> dict[str, Any]:
+        if not skip_mask_sigmoid:
+            masks = nn.functional.sigmoid(masks)
+        arrays = [np.ascontiguousarray(t.numpy(), np.float32) for t in (pix_feat, masks)]
+        feats = as_tensor(self.program(*arrays)[0])
+        pos = self.position_encoding(feats).astype(feats.dtype)
+        return {"vision_features": feats, "vision_pos_enc": [pos]}

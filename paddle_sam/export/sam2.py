@@ -17,6 +17,10 @@ holds:
   any length) with how many of its tokens are object pointers (an int64 scalar) -> the
   conditioned tokens; run on OpenVINO in fp32 (bf16 moved its outputs by up to 5.8), where
   it took 0.70-0.82 of the official module's time against 0.74-0.87 for the dynamic one;
+- ``memory_encoder.onnx``: the video tracker's memory encoder, the frame's features
+  (``B x d x h x w``) and the objects' mask probabilities (``B x 1 x S x S``, ``B`` any number
+  of objects) -> their memory features (``B x mem_dim x h x w``); run on OpenVINO in fp32
+  (Paddle's CPU depthwise convolution alone took 35 ms of its 0.13-0.18 s a frame);
 - ``export.json``: the format, the sizes (``spec``) and the level shapes;
 - with ``quantize="int8"``, ``image_encoder.int8.xml`` / ``.bin``: the encoder for OpenVINO
   with int8 weights (NNCF's weight compression; activations stay float), which
@@ -49,6 +53,7 @@ EXPORT_FORMAT = "paddle-sam/sam2-onnx"
 FORMAT_VERSION = 1
 ENCODER = "image_encoder"
 MEMORY_ATTENTION = "memory_attention"
+MEMORY_ENCODER = "memory_encoder"
 WEIGHTS = "model.pdparams"
 INT8_FILES = int8_files(ENCODER)
 #: the ONNX opset of the encoder (paddle2onnx's default, read by OpenVINO and ONNX Runtime)
@@ -113,6 +118,29 @@ class MemoryAttentionProgram(nn.Layer):
         )
 
 
+class MemoryEncoderProgram(nn.Layer):
+    """``memory_encoder`` of any number of objects: the frame's features and the objects'
+    mask probabilities -> their memory features (the position encoding, a sine of the shape,
+    is the runtime's)."""
+
+    def __init__(self, model: SAM2Base) -> None:
+        super().__init__()
+        self.memory_encoder = model.memory_encoder
+
+    def forward(self, pix_feat: paddle.Tensor, masks: paddle.Tensor) -> paddle.Tensor:
+        return self.memory_encoder(pix_feat, masks, skip_mask_sigmoid=True)["vision_features"]
+
+
+def memory_encoder_specs(model: SAM2Base) -> list[InputSpec]:
+    """The memory encoder program's inputs (the number of objects dynamic)."""
+    size = int(model.image_size)
+    side = size // int(model.backbone_stride)
+    return [
+        InputSpec([None, int(model.hidden_dim), side, side], "float32", "pix_feat"),
+        InputSpec([None, 1, size, size], "float32", "masks"),
+    ]
+
+
 def memory_attention_specs(model: SAM2Base) -> list[InputSpec]:
     """The memory attention program's inputs (the memory bank's length dynamic)."""
     tokens = (int(model.image_size) // int(model.backbone_stride)) ** 2
@@ -154,7 +182,8 @@ def export_sam2(
     onnx_name = f"{ENCODER}.onnx"
     sidecar = sidecar_path(WEIGHTS).name
     memory_name = f"{MEMORY_ATTENTION}.onnx"
-    files = [onnx_name, memory_name, WEIGHTS, sidecar, MANIFEST]
+    encoder_name = f"{MEMORY_ENCODER}.onnx"
+    files = [onnx_name, memory_name, encoder_name, WEIGHTS, sidecar, MANIFEST]
     files += INT8_FILES if quantize else []
     check_outputs(out, files, overwrite)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,10 +196,13 @@ def export_sam2(
     spec_in = [InputSpec([1, 3, size, size], "float32", "image")]
     memory = MemoryAttentionProgram(model)
     memory.eval()
+    memory_encoder = MemoryEncoderProgram(model)
+    memory_encoder.eval()
     with tempfile.TemporaryDirectory(prefix="paddle-sam-sam2-") as tmp:
         for prog, traced, specs, dst in (
             (ENCODER, layer, spec_in, out / onnx_name),
             (MEMORY_ATTENTION, memory, memory_attention_specs(model), out / memory_name),
+            (MEMORY_ENCODER, memory_encoder, memory_encoder_specs(model), out / encoder_name),
         ):
             static = paddle.jit.to_static(traced, input_spec=specs, full_graph=True)
             paddle.jit.save(static, str(Path(tmp) / prog))
@@ -180,9 +212,12 @@ def export_sam2(
     names = tuple(f"backbone_fpn_{i}" for i in range(len(levels)))
     _finish_graph(out / onnx_name, ENCODER, names, {})
     _finish_graph(out / memory_name, MEMORY_ATTENTION, ("memory_out",), {"memory": {0: "tokens"}})
+    objects = {"pix_feat": {0: "objects"}, "masks": {0: "objects"}}
+    _finish_graph(out / encoder_name, MEMORY_ENCODER, ("maskmem_features",), objects)
     programs = {
         ENCODER: [onnx_name],
         MEMORY_ATTENTION: [memory_name],
+        MEMORY_ENCODER: [encoder_name],
         "weights": [WEIGHTS, sidecar],
     }
     quantized = {}

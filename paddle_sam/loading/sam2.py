@@ -234,11 +234,17 @@ def load_sam2_export(
     strictly loaded from its ``model.pdparams``. ``video``: a :class:`SAM2VideoPredictor`
     with upstream's post-processing (``kwargs`` go to it), its memory attention on OpenVINO
     in fp32 where the export has it (:class:`~paddle_sam.deploy.sam2.OpenVinoMemoryAttention`),
+    and its memory encoder likewise (:class:`~paddle_sam.deploy.sam2.OpenVinoMemoryEncoder`),
     else the image model."""
     from ..deploy.openvino import check_precision
-    from ..deploy.sam2 import OpenVinoImageEncoder, OpenVinoMemoryAttention, read_sam2_manifest
+    from ..deploy.sam2 import (
+        OpenVinoImageEncoder,
+        OpenVinoMemoryAttention,
+        OpenVinoMemoryEncoder,
+        read_sam2_manifest,
+    )
     from ..export.onnx import ENCODER_INT8
-    from ..export.sam2 import ENCODER, MEMORY_ATTENTION, WEIGHTS
+    from ..export.sam2 import ENCODER, MEMORY_ATTENTION, MEMORY_ENCODER, WEIGHTS
 
     check_precision(precision)
     folder = Path(export_dir)
@@ -267,9 +273,16 @@ def load_sam2_export(
     )
     weights = folder / WEIGHTS
     load_state_strict(model, read_pdparams(weights), where=f"{weights}: ")
-    if video and manifest["programs"].get(MEMORY_ATTENTION):  # exports before it: dynamic
+    programs = manifest["programs"]
+    if video and programs.get(MEMORY_ATTENTION):  # exports before it: dynamic
         model.memory_attention = OpenVinoMemoryAttention(
-            folder / manifest["programs"][MEMORY_ATTENTION][0], threads=threads
+            folder / programs[MEMORY_ATTENTION][0], threads=threads
+        )
+    if video and programs.get(MEMORY_ENCODER):  # exports before it: dynamic
+        model.memory_encoder = OpenVinoMemoryEncoder(
+            folder / programs[MEMORY_ENCODER][0],
+            model.memory_encoder.position_encoding,
+            threads=threads,
         )
     return model
 

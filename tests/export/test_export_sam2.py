@@ -14,7 +14,11 @@ import pytest
 
 from paddle_sam import loading
 from paddle_sam._runtime import bf16_refusal
-from paddle_sam.deploy.sam2 import OpenVinoImageEncoder, OpenVinoMemoryAttention
+from paddle_sam.deploy.sam2 import (
+    OpenVinoImageEncoder,
+    OpenVinoMemoryAttention,
+    OpenVinoMemoryEncoder,
+)
 from paddle_sam.deploy.sam_v1 import ExportFormatError
 from paddle_sam.export.sam2 import export_sam2
 from paddle_sam.loading.sam2 import (
@@ -79,6 +83,10 @@ def test_the_folder_holds_the_encoder_and_the_other_weights(exported):
         *["curr", "curr_pos", "memory", "memory_pos", "num_obj_ptr_tokens"]
     ]
     assert graph.input[2].type.tensor_type.shape.dim[0].dim_param == "tokens"
+    graph = onnx.load(str(exported / "memory_encoder.onnx")).graph
+    assert [i.name for i in graph.input] == ["pix_feat", "masks"]
+    assert [o.name for o in graph.output] == ["maskmem_features"]
+    assert graph.input[1].type.tensor_type.shape.dim[0].dim_param == "objects"
     keys = set(read_pdparams(exported / "model.pdparams"))
     assert keys and not any(k.startswith("image_encoder.") for k in keys)
     assert "sam_mask_decoder.conv_s0.weight" in keys and "memory_encoder.pix_feat_proj.weight" in (
@@ -141,6 +149,7 @@ def test_video_predictor_tracks_as_the_dynamic_model(exported, ckpt, video):
     ours = load_sam2_export(exported, video=True)
     assert ours.fill_hole_area == dynamic.fill_hole_area == 8  # upstream's post-processing
     assert isinstance(ours.memory_attention, OpenVinoMemoryAttention)
+    assert isinstance(ours.memory_encoder, OpenVinoMemoryEncoder)
     results = []
     for model in (dynamic, ours):
         state = model.init_state(str(video))
@@ -175,6 +184,29 @@ def test_memory_attention_answers_as_the_dynamic_one(exported, ckpt, frames, poi
         got = ours(**args).numpy()
     assert got.shape == want.shape == (tokens, batch, 256)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("objects", [1, 3])
+def test_memory_encoder_answers_as_the_dynamic_one(exported, ckpt, objects):
+    """The exported memory encoder (every object in one call; logits or probabilities in)
+    against the dynamic module on the same weights: features and position encodings."""
+    dynamic = build_sam2_video_predictor(SPEC, ckpt).memory_encoder
+    ours = load_sam2_export(exported, video=True).memory_encoder
+    rng = np.random.default_rng(objects)
+    pix_feat = paddle.to_tensor(rng.standard_normal((objects, 256, 16, 16), np.float32))
+    logits = paddle.to_tensor(4 * rng.standard_normal((objects, 1, 256, 256), np.float32))
+    for skip in (False, True):
+        masks = paddle.nn.functional.sigmoid(logits) if skip else logits
+        with paddle.no_grad():
+            want = dynamic(pix_feat, masks, skip_mask_sigmoid=skip)
+            got = ours(pix_feat, masks, skip_mask_sigmoid=skip)
+        a, b = want["vision_features"].numpy(), got["vision_features"].numpy()
+        assert b.shape == a.shape == (objects, 64, 16, 16)
+        assert np.abs(a).max() > 0.1  # not an all-zero answer
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-4)
+        np.testing.assert_array_equal(
+            got["vision_pos_enc"][0].numpy(), want["vision_pos_enc"][0].numpy()
+        )
 
 
 def test_bf16_where_the_cpu_has_it(exported, image):
