@@ -22,19 +22,22 @@ from ..common import MLP, Linear, can_be_inplace
 from ..sam3.model_misc import attend_in_row_blocks, fused_self_attention, use_fused_attention
 
 
-def window_partition(x: paddle.Tensor, window_size: int) -> tuple[paddle.Tensor, tuple[int, int]]:
-    """``B x H x W x C`` -> windows ``(B * nW) x ws x ws x C`` (zero-padded to whole windows)
-    and the padded size ``(Hp, Wp)``."""
+def window_partition(
+    x: paddle.Tensor, window_size: int, fill: paddle.Tensor | None = None
+) -> tuple[paddle.Tensor, tuple[int, int]]:
+    """``B x H x W x C`` -> windows ``(B * nW) x ws x ws x C`` (padded to whole windows with
+    zeros, or with ``fill``, a ``C`` vector) and the padded size ``(Hp, Wp)``."""
     b, h, w, c = x.shape
     pad_h = (window_size - h % window_size) % window_size
     pad_w = (window_size - w % window_size) % window_size
-    if (pad_h > 0 or pad_w > 0) and paddle.in_dynamic_mode():
+    if (pad_h > 0 or pad_w > 0) and fill is None and paddle.in_dynamic_mode():
         x = F.pad(x, [0, pad_w, 0, pad_h], data_format="NHWC")  # W, then H
     elif pad_h > 0 or pad_w > 0:  # oneDNN under a PIR program fails on an NHWC pad
+        fill = paddle.zeros([1, 1, 1, c], x.dtype) if fill is None else fill.reshape([1, 1, 1, c])
         if pad_h > 0:
-            x = paddle.concat([x, paddle.zeros([b, pad_h, w, c], x.dtype)], axis=1)
+            x = paddle.concat([x, fill.expand([b, pad_h, w, c])], axis=1)
         if pad_w > 0:
-            x = paddle.concat([x, paddle.zeros([b, h + pad_h, pad_w, c], x.dtype)], axis=2)
+            x = paddle.concat([x, fill.expand([b, h + pad_h, pad_w, c])], axis=2)
     hp, wp = h + pad_h, w + pad_w
     x = x.reshape([b, hp // window_size, window_size, wp // window_size, window_size, c])
     windows = x.transpose([0, 1, 3, 2, 4, 5]).reshape([-1, window_size, window_size, c])
@@ -76,13 +79,43 @@ class PatchEmbed(nn.Layer):
 
 
 def do_pool(x: paddle.Tensor, pool: nn.Layer | None, norm: nn.Layer | None = None) -> paddle.Tensor:
-    """``pool`` (channels first) of a ``B x H x W x C`` map."""
+    """``pool`` (upstream's channels-first max pool, no padding, floor mode) of a
+    ``B x H x W x C`` map. In dygraph inference the same maxima are taken channels last (a
+    reshape into ``k x k`` cells and a max over them): no transposes around the pool, 0.03 s of
+    Hiera tiny's 1024 px pools on two Zen 4 cores. Traced, upstream's pool: OpenVINO ran the
+    6-D max on its reference kernel (0.28 s)."""
     if pool is None:
         return x
-    x = pool(x.transpose([0, 3, 1, 2])).transpose([0, 2, 3, 1])
+    cells = _pool_cells(pool)
+    if cells is None or _wants_gradients(x) or not paddle.in_dynamic_mode():
+        x = pool(x.transpose([0, 3, 1, 2])).transpose([0, 2, 3, 1])
+    else:
+        kh, kw = cells
+        b, h, w, c = x.shape
+        if h % kh or w % kw:
+            x = x[:, : h - h % kh, : w - w % kw]
+        x = x.reshape([b, h // kh, kh, w // kw, kw, c]).max(axis=[2, 4])
     if norm:
         x = norm(x)
     return x
+
+
+def _wants_gradients(x: paddle.Tensor) -> bool:
+    """Training (gradients wanted): upstream's operations as they are."""
+    return paddle.in_dynamic_mode() and paddle.is_grad_enabled() and not x.stop_gradient
+
+
+def _pool_cells(pool: nn.Layer) -> tuple[int, int] | None:
+    """``(kh, kw)`` of a max pool over whole ``kh x kw`` cells (stride = kernel, no padding,
+    floor mode), else None."""
+    if not isinstance(pool, nn.MaxPool2D) or pool.padding or pool.ceil_mode:
+        return None
+    kernel = pool.ksize
+    stride = pool.stride or kernel
+    pair = [
+        (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1])) for v in (kernel, stride)
+    ]
+    return pair[0] if pair[0] == pair[1] else None
 
 
 class MultiScaleAttention(nn.Layer):
@@ -108,7 +141,15 @@ class MultiScaleAttention(nn.Layer):
             # the packed B x N x 3 x heads x d qkv is the fused kernel's input as it is
             qkv = self.qkv(x).reshape([b, h * w, 3, heads, d])
             return self.proj(fused_self_attention(qkv, scale).reshape([b, h, w, -1]))
-        q, k, v = self._project_qkv(x)  # each B x H x W x dim_out
+        return self.proj(self.attend(*self._project_qkv(x)))
+
+    def attend(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        """The attention of projected ``q``, ``k``, ``v`` (each ``B x H x W x dim_out``, ``q``
+        before its pooling) -> ``B x H' x W' x dim_out``, before ``proj``."""
+        b, h, w, _ = k.shape
+        heads = self.num_heads
+        d = self.dim_out // heads
+        scale = 1.0 / math.sqrt(d)
         if self.q_pool is not None:
             q = do_pool(q, self.q_pool)
         n_q, n_k = q.shape[1] * q.shape[2], h * w
@@ -117,7 +158,7 @@ class MultiScaleAttention(nn.Layer):
         x = attend_in_row_blocks(q * scale, k, v)  # B x heads x N x d
         if heads > 1:
             x = x.transpose([0, 2, 1, 3])
-        return self.proj(x.reshape([b, h, w, -1]))
+        return x.reshape([b, h, w, -1])
 
     def _project_qkv(self, x: paddle.Tensor) -> list[paddle.Tensor]:
         """q, k and v, each from its third of ``qkv``'s weight: three GEMMs that write them
@@ -126,7 +167,7 @@ class MultiScaleAttention(nn.Layer):
         export too: OpenVINO ran the split with its reference kernel (0.10 of Hiera tiny's
         1.8 s on two Zen 4 cores)."""
         dynamic = paddle.in_dynamic_mode()
-        if dynamic and paddle.is_grad_enabled() and not x.stop_gradient:
+        if _wants_gradients(x):
             return list(paddle.unbind(self.qkv(x).reshape([*x.shape[:3], 3, -1]), axis=3))
         c = self.dim_out
         weight, bias = self.qkv.weight, self.qkv.bias
@@ -196,9 +237,26 @@ class MultiScaleBlock(nn.Layer):
         window_size = self.window_size
         h, w = x.shape[1], x.shape[2]
         pad_hw = (h, w)
-        if window_size > 0:
-            x, pad_hw = window_partition(x, window_size)
-        x = self.attn(x)
+        padded = window_size > 0 and bool(h % window_size or w % window_size)
+        project_first = padded and not _wants_gradients(x)
+        if project_first:
+            # upstream pads the normed map with zeros and projects every window, so the
+            # padding tokens' q, k, v are the bias exactly: projected before the padding,
+            # padded with the bias and ``proj`` applied after the unpartition, the values are
+            # the same without the padding's rows in the two GEMMs (at 1024 px a fifth more
+            # rows: 64 -> 70)
+            c = self.dim_out
+            bias = self.attn.qkv.bias
+            q, k, v = (
+                window_partition(t, window_size, fill=bias[i * c : (i + 1) * c])[0]
+                for i, t in enumerate(self.attn._project_qkv(x))
+            )
+            pad_hw = (h + (-h) % window_size, w + (-w) % window_size)
+            x = self.attn.attend(q, k, v)
+        else:
+            if window_size > 0:
+                x, pad_hw = window_partition(x, window_size)
+            x = self.attn(x)
         if self.q_stride:  # the grid shrank with the pooled queries
             window_size = self.window_size // self.q_stride[0]
             h, w = shortcut.shape[1], shortcut.shape[2]
@@ -207,6 +265,8 @@ class MultiScaleBlock(nn.Layer):
             pad_hw = (h + pad_h, w + pad_w)
         if self.window_size > 0:
             x = window_unpartition(x, window_size, pad_hw, (h, w))
+        if project_first:
+            x = self.attn.proj(x)
         x = shortcut + x
         return self._norm_mlp(x)
 
