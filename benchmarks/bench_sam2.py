@@ -7,8 +7,9 @@ the official sam2 (1.1.0), same random weights, Hiera tiny and base+.
 
 ``--runtime openvino`` / ``openvino-bf16`` / ``openvino-int8``: paddle-sam's side is ``paddle-sam
 export --quantize int8``'s folder of the same converted weights, its image encoder on OpenVINO
-(fp32, bf16 where the CPU has avx512_bf16 or AMX, or the int8-weight file), the rest the dynamic
-model, as ``--exported`` runs it.
+(fp32, bf16 where the CPU has avx512_bf16 or AMX, or the int8-weight file), the video
+predictor's memory attention and memory encoder on OpenVINO fp32, the rest the dynamic model,
+as ``--exported`` runs it.
 
 A ``prepare`` worker writes a generated 640 x 480 video (JPEG frames ``0.jpg``, ``1.jpg``, ...,
 quality 95: upstream reads JPEG folders) and, per model, one set of weights: the official model
@@ -110,14 +111,17 @@ METRICS = (
     Metric("peak_rss_mb", "peak RSS, image + video (MB)", digits=0),
 )
 HEADLINE = ("set_image_s", "frame_s")
+_VIDEO_NOTE = (
+    "memory attention and memory encoder on OpenVINO fp32, the rest dynamic; the trunk row is "
+    "the whole encoder (trunk and neck), its splits 0"
+)
 RUNTIME_NOTES = {
     "dynamic": "the dynamic model (exact)",
-    "openvino": "paddle-sam export: image encoder on OpenVINO fp32, the rest dynamic; the "
-    "trunk row is the whole encoder (trunk and neck), its splits 0",
-    "openvino-bf16": "paddle-sam export: image encoder on OpenVINO bf16 (approximate), the "
-    "rest dynamic; the trunk row is the whole encoder (trunk and neck), its splits 0",
+    "openvino": f"paddle-sam export: image encoder on OpenVINO fp32, {_VIDEO_NOTE}",
+    "openvino-bf16": f"paddle-sam export: image encoder on OpenVINO bf16 (approximate), "
+    f"{_VIDEO_NOTE}",
     "openvino-int8": "paddle-sam export: image encoder on OpenVINO with int8 weights "
-    "(approximate), the rest dynamic; the trunk row is the whole encoder, its splits 0",
+    f"(approximate), {_VIDEO_NOTE}",
 }
 
 
