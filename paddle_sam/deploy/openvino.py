@@ -6,11 +6,20 @@ always set: ``fp32`` (the exported model's answer, to about 1e-5) unless ``bf16`
 which is refused by name on a CPU without it. ``int8`` compiles a file quantised by
 ``export --quantize int8`` (int8 weights; with ``--calibration``, int8 activations too), its
 other operations in fp32.
+
+An OpenVINO IR (``.xml`` with its ``.bin``) stays mapped after compiling, every page read by
+the compilation resident, while the CPU plugin computes from its own repacked copy of the
+weights: the mapped pages are handed back to the kernel after compiling
+(:func:`drop_mapped_pages`; measured on SAM 3's int8 export: 431 MB of the backbone's and
+289 MB of the text encoder's resident memory, the answers bitwise the same, the pages not read
+again by inference).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -57,7 +66,44 @@ def compile_onnx(
         "INFERENCE_NUM_THREADS": threads,
         "PERFORMANCE_HINT": "LATENCY",
     }
-    return ov.Core().compile_model(str(Path(path)), "CPU", config)
+    compiled = ov.Core().compile_model(str(Path(path)), "CPU", config)
+    if Path(path).suffix == ".xml":
+        drop_mapped_pages(Path(path).with_suffix(".bin"))
+    return compiled
+
+
+_MADV_DONTNEED = 4
+
+
+def drop_mapped_pages(path: str | os.PathLike) -> int:
+    """Hand the resident pages of ``path``'s read-only mappings in this process back to the
+    kernel (Linux's ``madvise(MADV_DONTNEED)``; elsewhere nothing). A later read of such a page
+    maps it again from the file, so nothing changes but resident memory; the file's pages stay
+    in the kernel's page cache, which it reclaims when memory is short. Returns the bytes of
+    the mappings advised (0 where none, or not on Linux)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    target = os.path.realpath(path)
+    spans = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.rstrip("\n").split(None, 5)
+                if len(parts) == 6 and parts[5] == target and "w" not in parts[1]:
+                    start, end = (int(v, 16) for v in parts[0].split("-"))
+                    spans.append((start, end - start))
+    except OSError:
+        return 0
+    if not spans:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    done = 0
+    for start, size in spans:
+        if libc.madvise(start, size, _MADV_DONTNEED) == 0:
+            done += size
+    return done
 
 
 class OpenVinoProgram:
@@ -67,7 +113,10 @@ class OpenVinoProgram:
     to the file's element type (float32 images, int64 token ids).
 
     ``shapes``: each output's shape without the batch axis, as the export's manifest lists
-    them; a file that answers otherwise is refused by name."""
+    them; a file that answers otherwise is refused by name. ``release_after_call``: hand the
+    compiled model's intermediate buffers back after each call (``release_memory``; the next
+    call allocates them again): for a program called seldom whose buffers are large (SAM 3's
+    backbone: 0.16-0.26 GB lower peak memory, no measurable time)."""
 
     def __init__(
         self,
@@ -76,8 +125,10 @@ class OpenVinoProgram:
         *,
         precision: str = "fp32",
         threads: int | None = None,
+        release_after_call: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.release_after_call = release_after_call
         self.precision = precision
         self.shapes = [list(map(int, s)) for s in shapes]
         self.compiled = compile_onnx(self.path, precision, threads)
@@ -100,6 +151,8 @@ class OpenVinoProgram:
                 # the caller's to own, not copied again (SAM 3's levels are ~0.2 GB an image)
                 results = self._request.infer({0: inputs[i : i + 1]}, share_outputs=False)
                 per_image.append([results[out] for out in self.compiled.outputs])
+            if self.release_after_call:
+                self.compiled.release_memory()
         if len(per_image) == 1:
             outputs = per_image[0]
         else:

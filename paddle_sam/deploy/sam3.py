@@ -230,7 +230,11 @@ class OpenVinoVisionBackbone(nn.Layer):
         super().__init__()
         self.num_sam3 = len(levels["sam3"])
         shapes = [*levels["sam3"], *levels.get("sam2", [])]
-        self.program = OpenVinoProgram(onnx_path, shapes, precision=precision, threads=threads)
+        # called once an image, its buffers hundreds of MB at 1008 px: handed back after each
+        # call, so that the heads' and masks' memory can reuse them
+        self.program = OpenVinoProgram(
+            onnx_path, shapes, precision=precision, threads=threads, release_after_call=True
+        )
         self.precision = precision
         self.has_sam2_neck = len(shapes) > self.num_sam3
         self.position_encoding = position_encoding
