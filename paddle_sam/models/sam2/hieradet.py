@@ -248,7 +248,9 @@ class MultiScaleBlock(nn.Layer):
             c = self.dim_out
             bias = self.attn.qkv.bias
             q, k, v = (
-                window_partition(t, window_size, fill=bias[i * c : (i + 1) * c])[0]
+                window_partition(
+                    t, window_size, fill=None if bias is None else bias[i * c : (i + 1) * c]
+                )[0]
                 for i, t in enumerate(self.attn._project_qkv(x))
             )
             pad_hw = (h + (-h) % window_size, w + (-w) % window_size)
