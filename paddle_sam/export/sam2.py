@@ -1,9 +1,9 @@
-"""Export SAM 2's image encoder and memory attention to ONNX for OpenVINO, with the rest of the
-model's weights.
+"""Export SAM 2's image encoder, memory attention and memory encoder to ONNX for OpenVINO, with
+the rest of the model's weights.
 
 The image encoder (Hiera trunk and FPN neck, about nine tenths of a ``set_image`` and half of
-a tracked frame) and the memory attention (most of the other half) are the parts a CPU runtime
-speeds up; the prompt encoder, the mask decoder and the memory encoder stay the dynamic model's
+a tracked frame), the memory attention (most of the other half) and the memory encoder are the
+parts a CPU runtime speeds up; the prompt encoder and the mask decoder stay the dynamic model's
 (a few percent of the time; the video tracker's control flow is Python). So an export folder
 holds:
 
@@ -20,7 +20,8 @@ holds:
 - ``memory_encoder.onnx``: the video tracker's memory encoder, the frame's features
   (``B x d x h x w``) and the objects' mask probabilities (``B x 1 x S x S``, ``B`` any number
   of objects) -> their memory features (``B x mem_dim x h x w``); run on OpenVINO in fp32
-  (Paddle's CPU depthwise convolution alone took 35 ms of its 0.13-0.18 s a frame);
+  (Paddle's CPU depthwise convolutions took 35 ms each, two per memory, of its 0.13-0.18 s a
+  frame);
 - ``export.json``: the format, the sizes (``spec``) and the level shapes;
 - with ``quantize="int8"``, ``image_encoder.int8.xml`` / ``.bin``: the encoder for OpenVINO
   with int8 weights (NNCF's weight compression; activations stay float), which
@@ -163,8 +164,9 @@ def export_sam2(
     overwrite: bool = False,
     quantize: str | None = None,
 ) -> dict:
-    """Write ``image_encoder.onnx``, ``model.pdparams`` (+ its sidecar) and ``export.json``
-    into ``out_dir``; returns the manifest. ``model``: a SAM 2 image or video model (the
+    """Write ``image_encoder.onnx``, ``memory_attention.onnx``, ``memory_encoder.onnx``,
+    ``model.pdparams`` (+ its sidecar) and ``export.json`` into ``out_dir``; returns the
+    manifest. ``model``: a SAM 2 image or video model (the
     video modules' weights are part of ``model.pdparams`` either way). ``quantize="int8"``:
     also ``image_encoder.int8.xml`` / ``.bin``, int8 weights for OpenVINO (weights only:
     calibrated int8 activations were measured less accurate and little faster here)."""

@@ -247,13 +247,12 @@ class MultiScaleBlock(nn.Layer):
             # rows: 64 -> 70)
             c = self.dim_out
             bias = self.attn.qkv.bias
-            q, k, v = (
+            (q, _), (k, _), (v, pad_hw) = (
                 window_partition(
                     t, window_size, fill=None if bias is None else bias[i * c : (i + 1) * c]
-                )[0]
+                )
                 for i, t in enumerate(self.attn._project_qkv(x))
             )
-            pad_hw = (h + (-h) % window_size, w + (-w) % window_size)
             x = self.attn.attend(q, k, v)
         else:
             if window_size > 0:
