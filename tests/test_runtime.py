@@ -205,8 +205,10 @@ def test_freed_memory_is_reused_only_when_asked():
     import leaves glibc as it was: each temporary is faulted anew.
 
     The heap takes a few temporaries to settle (measured: the first one or two after a warm-up,
-    once in 15 runs the first three, faulted afresh, none after), so twelve are counted and
-    at most five may be fresh; the plain process faults every one."""
+    once in 15 runs the first three, faulted afresh), and now and then a settled one is faulted
+    again (12 temporaries once gave six: the kernel may page out a free heap's idle pages, as
+    DAMON's page-out scheme on these machines does), so 24 are counted and at most a third may
+    be fresh; the plain process faults every one."""
     import platform
     import resource
 
@@ -219,7 +221,7 @@ def test_freed_memory_is_reused_only_when_asked():
         "a = paddle.ones([64, 1024, 1024])\n"
         "for _ in range(2): b = a * 2.0; del b\n"
         "fresh = 0\n"
-        "for _ in range(12):\n"
+        "for _ in range(24):\n"
         "    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    b = a * 2.0; del b\n"
         f"    fresh += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0 > {pages // 2}\n"
@@ -227,7 +229,7 @@ def test_freed_memory_is_reused_only_when_asked():
     )
 
     def fresh(tune: bool, **env_overrides) -> int:
-        """How many of the 12 temporaries were page-faulted afresh (over half their pages)."""
+        """How many of the 24 temporaries were page-faulted afresh (over half their pages)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
         env.pop("PADDLE_SAM_NO_CPU_TUNING", None)
         env.update(env_overrides)
@@ -235,6 +237,6 @@ def test_freed_memory_is_reused_only_when_asked():
         out = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
         return int(out.stdout.strip().splitlines()[-1])
 
-    assert fresh(tune=True) <= 5  # reused once the heap has settled
-    assert fresh(tune=False) >= 11  # each temporary faulted anew
-    assert fresh(tune=True, PADDLE_SAM_NO_CPU_TUNING="1") >= 11
+    assert fresh(tune=True) <= 8  # reused once the heap has settled
+    assert fresh(tune=False) >= 23  # each temporary faulted anew
+    assert fresh(tune=True, PADDLE_SAM_NO_CPU_TUNING="1") >= 23

@@ -155,7 +155,12 @@ class MultiScaleAttention(nn.Layer):
         n_q, n_k = q.shape[1] * q.shape[2], h * w
         h, w = q.shape[1], q.shape[2]
         q, k, v = (_split_heads(t, n, heads, d) for t, n in ((q, n_q), (k, n_k), (v, n_k)))
-        x = attend_in_row_blocks(q * scale, k, v)  # B x heads x N x d
+        # Traced (the export, which OpenVINO runs), the rows are one block: OpenVINO fuses
+        # product, softmax and product into one kernel that tiles the rows itself; in blocks
+        # of rows base+'s global attention (4096 tokens) took 0.24 s a layer against 0.20 s,
+        # the same values
+        block = None if paddle.in_dynamic_mode() else 1 << 62
+        x = attend_in_row_blocks(q * scale, k, v, block=block)  # B x heads x N x d
         if heads > 1:
             x = x.transpose([0, 2, 1, 3])
         return x.reshape([b, h, w, -1])
