@@ -206,9 +206,9 @@ def test_freed_memory_is_reused_only_when_asked():
 
     The heap takes a few temporaries to settle (measured: the first one or two after a warm-up,
     once in 15 runs the first three, faulted afresh), and now and then a settled one is faulted
-    again (12 temporaries once gave six: the kernel may page out a free heap's idle pages, as
-    DAMON's page-out scheme on these machines does), so 24 are counted and at most a third may
-    be fresh; the plain process faults every one."""
+    again (once in three clean-clone runs, six of 12 were fresh; the heap's layout after
+    Paddle's frees varies), so 24 are counted and at most a third may be fresh; the plain
+    process faults every one."""
     import platform
     import resource
 
