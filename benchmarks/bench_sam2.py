@@ -485,6 +485,19 @@ def notes(runs: dict[str, dict[str, list[dict]]]) -> list[str]:
             f"of the frame (areas {min(t['areas']):.3f}..{max(t['areas']):.3f}), max |mean "
             f"logit difference| {dl:.1e}"
         )
+        # the least disturbed round of each side (on a shared machine the other tenants slow
+        # some rounds of either side; the table's medians are above)
+        best = {
+            key: [min(r[key] for r in by_impl[impl]) for impl in ("paddle", "torch")]
+            for key in ("set_image_s", "frame_s")
+        }
+        out.append(
+            f"fastest round of each side {MODELS[model]}: set_image "
+            f"{best['set_image_s'][0]:.2f} / {best['set_image_s'][1]:.2f} s "
+            f"({best['set_image_s'][0] / best['set_image_s'][1]:.2f}), propagated frame "
+            f"{best['frame_s'][0]:.2f} / {best['frame_s'][1]:.2f} s "
+            f"({best['frame_s'][0] / best['frame_s'][1]:.2f})"
+        )
     for model, by_impl in runs.items():
         for impl, rs in by_impl.items():
             for i, r in enumerate(rs, 1):
