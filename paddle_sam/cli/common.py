@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..loading.registry import check_dynamic_precision
 from ..models.sam2.build_sam import SAM2_SPECS
 from ..models.sam_v1.build_sam import SAM_SPECS
 from ..predict.outputs import check_targets
@@ -157,12 +158,10 @@ def add_precision_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def check_precision(args: argparse.Namespace) -> None:
-    """--precision bf16 / int8 is for an export's runtime (--exported)."""
-    if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "exported", None) is None:
-        raise ValueError(
-            f"--precision {args.precision} runs an export (--exported DIR from 'paddle-sam "
-            "export'); the dynamic model computes in fp32"
-        )
+    """--precision bf16 / int8 is for an export's runtime (--exported), checked before any
+    loading."""
+    if getattr(args, "exported", None) is None:
+        check_dynamic_precision(getattr(args, "precision", "fp32"))
 
 
 def exported_predictor(

@@ -497,15 +497,21 @@ def load_image_predictor(source: Source, **options: Any) -> Any:
     return fam.image_predictor(model, options)
 
 
+def check_dynamic_precision(precision: str) -> None:
+    """ValueError unless ``precision`` is fp32, the dynamic models' (bf16 and int8 run an
+    export)."""
+    if precision != "fp32":
+        raise ValueError(
+            f"--precision {precision} runs an export (--exported DIR from "
+            "'paddle-sam export'); the dynamic model computes in fp32"
+        )
+
+
 def check_precision(source: Source, precision: str) -> None:
     """ValueError unless ``source`` runs in ``precision``: the dynamic models in fp32, an
     export in what :data:`PRECISIONS` lists for its family and runtime."""
     if not source.exported:
-        if precision != "fp32":
-            raise ValueError(
-                f"--precision {precision} runs an export (--exported DIR from "
-                "'paddle-sam export'); the dynamic model computes in fp32"
-            )
+        check_dynamic_precision(precision)
         return
     allowed = PRECISIONS.get((_family(source).name, source.runtime), ("fp32",))
     if precision not in allowed:
