@@ -19,7 +19,12 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from ..common import MLP, Linear, can_be_inplace
-from ..sam3.model_misc import attend_in_row_blocks, fused_self_attention, use_fused_attention
+from ..sam3.model_misc import (
+    ALL_ROWS,
+    attend_in_row_blocks,
+    fused_self_attention,
+    use_fused_attention,
+)
 
 
 def window_partition(
@@ -159,7 +164,7 @@ class MultiScaleAttention(nn.Layer):
         # product, softmax and product into one kernel that tiles the rows itself; in blocks
         # of rows base+'s global attention (4096 tokens) took 0.24 s a layer against 0.20 s,
         # the same values
-        block = None if paddle.in_dynamic_mode() else 1 << 62
+        block = None if paddle.in_dynamic_mode() else ALL_ROWS
         x = attend_in_row_blocks(q * scale, k, v, block=block)  # B x heads x N x d
         if heads > 1:
             x = x.transpose([0, 2, 1, 3])

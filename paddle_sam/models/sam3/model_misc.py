@@ -34,6 +34,8 @@ def is_static_size(n: object) -> bool:
 
 
 _ATTN_BLOCK = 1 << 23  # attention scores computed at once (32 MB in float32)
+#: a ``block`` for :func:`attend_in_row_blocks` that no attention exceeds: every row at once
+ALL_ROWS = 1 << 62
 
 # Paddle's CPU softmax (like its other elementwise kernels) runs on one thread; only its GEMMs
 # use several. Where the fused kernel below does not apply (CPUs without AVX-512) the softmax
@@ -161,8 +163,9 @@ def attend_in_row_blocks(
     Rows of the attention matrix are independent: they are computed in blocks of at most
     ``block`` scores, so the whole matrix (860 MB for SAM 3's 72 x 72 fusion encoder) is never
     materialised and the blocks stay in a warm working set (``block`` None: ``_ATTN_BLOCK``,
-    32 MB). With ``threads``, in dygraph inference on the CPU the rows are shared between
-    threads, each with a share of ``block`` (see ``PARALLEL_ATTENTION_MIN_SCORES``). A static
+    32 MB; ``ALL_ROWS``: one block, for a runtime that tiles the rows itself). With
+    ``threads``, in dygraph inference on the CPU the rows are shared between threads, each
+    with a share of ``block`` (see ``PARALLEL_ATTENTION_MIN_SCORES``). A static
     graph with a dynamic length runs one block: those matrices are small. ``dropout_p`` > 0
     applies dropout to the attention weights (training)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
