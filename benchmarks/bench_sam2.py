@@ -487,17 +487,11 @@ def notes(runs: dict[str, dict[str, list[dict]]]) -> list[str]:
         )
         # the least disturbed round of each side (on a shared machine the other tenants slow
         # some rounds of either side; the table's medians are above)
-        best = {
-            key: [min(r[key] for r in by_impl[impl]) for impl in ("paddle", "torch")]
-            for key in ("set_image_s", "frame_s")
-        }
-        out.append(
-            f"fastest round of each side {MODELS[model]}: set_image "
-            f"{best['set_image_s'][0]:.2f} / {best['set_image_s'][1]:.2f} s "
-            f"({best['set_image_s'][0] / best['set_image_s'][1]:.2f}), propagated frame "
-            f"{best['frame_s'][0]:.2f} / {best['frame_s'][1]:.2f} s "
-            f"({best['frame_s'][0] / best['frame_s'][1]:.2f})"
-        )
+        fastest = []
+        for key, label in (("set_image_s", "set_image"), ("frame_s", "propagated frame")):
+            ours, theirs = (min(r[key] for r in by_impl[impl]) for impl in IMPLS)
+            fastest.append(f"{label} {ours:.2f} / {theirs:.2f} s ({ours / theirs:.2f})")
+        out.append(f"fastest round of each side {MODELS[model]}: {', '.join(fastest)}")
     for model, by_impl in runs.items():
         for impl, rs in by_impl.items():
             for i, r in enumerate(rs, 1):
