@@ -450,12 +450,23 @@ def write_weights(impls: Sequence[str], tmp: Path) -> dict[str, Path]:
         for impl in OPENVINO:
             paths[impl] = tmp / "onnx"
         if "openvino-int8-static" in impls:
-            t0 = time.perf_counter()
-            images = [calibration_image(i) for i in range(CALIBRATION_IMAGES)]
-            export_sam3_onnx(model, tmp / "onnx_static", quantize="int8", calibration=images)
-            print(f"  static int8 export: {time.perf_counter() - t0:.0f} s", flush=True)
+            # fp32 here; calibrated by the parent's `--worker quantize` (quantize_static)
+            export_sam3_onnx(model, tmp / "onnx_static")
             paths["openvino-int8-static"] = tmp / "onnx_static"
     return paths
+
+
+def quantize_static(folder: Path) -> dict:
+    """``--worker quantize``: the calibrated int8 files of an fp32 ONNX export ``folder``, from
+    the folder alone in a fresh process, as ``paddle-sam export`` does once the model is freed
+    (calibrating the full-size backbone peaks at 21-23 GB; the prepare worker, which holds the
+    model, torch and samexporter's export, was killed for memory doing it on a 23.5 GB
+    machine)."""
+    from paddle_sam.export.sam3 import quantize_sam3_export
+
+    images = [calibration_image(i) for i in range(CALIBRATION_IMAGES)]
+    quantize_sam3_export(folder, images, overwrite=True)
+    return {"folder": str(folder)}
 
 
 def calibration_image(i: int) -> np.ndarray:
@@ -635,6 +646,11 @@ def parent_main(args) -> None:
         work = Path(args.workdir) if args.workdir else Path(tmp)
         prepare = ["--impl", ",".join(args.impl)]
         weights = {k: Path(v) for k, v in v1.prepared_weights(work, prepare, __file__).items()}
+        static = weights.get("openvino-int8-static")
+        if static is not None and not (static / "vision_backbone.int8.xml").is_file():
+            t0 = time.perf_counter()
+            run_child(["--worker", "quantize", "--checkpoint", str(static)], "calibrated int8")
+            print(f"  calibrated int8 export: {time.perf_counter() - t0:.0f} s", flush=True)
         runs = collect(args, weights)
     stem = f"sam3_{started.strftime('%Y%m%d-%H%M%S')}"
     raw = Path(args.out) / f"{stem}_runs.json"  # first: a failure below loses no measurement
@@ -676,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="keep the prepared weights here (weights.json lists them) and reuse them later",
     )
-    p.add_argument("--worker", choices=(*IMPLS, "prepare"), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=(*IMPLS, "prepare", "quantize"), help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     return p
 
@@ -686,6 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker == "prepare":
         paths = write_weights(args.impl, Path(args.checkpoint))
         print(v1.RESULT_PREFIX + json.dumps({k: str(v) for k, v in paths.items()}), flush=True)
+    elif args.worker == "quantize":
+        print(v1.RESULT_PREFIX + json.dumps(quantize_static(Path(args.checkpoint))), flush=True)
     elif args.worker:
         worker_main(args)
     else:
