@@ -648,9 +648,7 @@ def parent_main(args) -> None:
         weights = {k: Path(v) for k, v in v1.prepared_weights(work, prepare, __file__).items()}
         static = weights.get("openvino-int8-static")
         if static is not None and not (static / "vision_backbone.int8.xml").is_file():
-            t0 = time.perf_counter()
             run_child(["--worker", "quantize", "--checkpoint", str(static)], "calibrated int8")
-            print(f"  calibrated int8 export: {time.perf_counter() - t0:.0f} s", flush=True)
         runs = collect(args, weights)
     stem = f"sam3_{started.strftime('%Y%m%d-%H%M%S')}"
     raw = Path(args.out) / f"{stem}_runs.json"  # first: a failure below loses no measurement

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
 import time
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def calibration_images(args: argparse.Namespace) -> list | None:
     n = min(len(items), args.calibration_images or DEFAULT_CALIBRATION_IMAGES)
     picked = [items[i] for i in np.linspace(0, len(items) - 1, n).round().astype(int)]
     print(f"calibrating int8 on {n} of {len(items)} images from {args.calibration}")
+    from .._runtime import int8_activation_note
+
+    if (note := int8_activation_note()) is not None:  # the file may be for another machine
+        print(f"note: {note}", file=sys.stderr)
     return [load_image(item.path) for item in picked]
 
 

@@ -21,12 +21,13 @@ import ctypes
 import os
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._runtime import bf16_refusal, get_num_threads
+from .._runtime import bf16_refusal, get_num_threads, int8_activation_note
 
 #: precision -> OpenVINO's INFERENCE_PRECISION_HINT; int8 is a file quantised by
 #: ``export --quantize int8``, what it left in float computed in fp32
@@ -57,7 +58,9 @@ def compile_onnx(
 ) -> Any:
     """``path`` (ONNX, or OpenVINO's .xml) compiled for the CPU: ``precision`` fp32, bf16, or
     int8 for an int8 file; ``threads`` inference threads (default: the process's Paddle
-    thread count)."""
+    thread count). An int8 file with int8 activations (``--calibration``) on a CPU without
+    VNNI is compiled with a warning saying it does not pay there
+    (:func:`~paddle_sam._runtime.int8_activation_note`)."""
     check_precision(precision)
     ov = openvino_module()
     threads = int(threads or get_num_threads() or os.cpu_count() or 1)
@@ -66,7 +69,17 @@ def compile_onnx(
         "INFERENCE_NUM_THREADS": threads,
         "PERFORMANCE_HINT": "LATENCY",
     }
-    compiled = ov.Core().compile_model(str(Path(path)), "CPU", config)
+    core = ov.Core()
+    model: Any = str(Path(path))
+    if precision == "int8":  # read first: is it an int8-activation file (FakeQuantize)?
+        model = core.read_model(model)
+        note = int8_activation_note()
+        if note is not None and any(
+            op.get_type_name() == "FakeQuantize" for op in model.get_ordered_ops()
+        ):
+            warnings.warn(f"{Path(path).name} has int8 activations, but {note}", stacklevel=2)
+    compiled = core.compile_model(model, "CPU", config)
+    del model
     if Path(path).suffix == ".xml":
         drop_mapped_pages(Path(path).with_suffix(".bin"))
     return compiled

@@ -67,3 +67,41 @@ def test_nothing_to_drop(tmp_path):
     unmapped.write_bytes(b"\0" * 4096)
     assert drop_mapped_pages(unmapped) == 0
     assert drop_mapped_pages(tmp_path / "missing.bin") == 0
+
+
+def _fake_quantized_ir(folder: Path) -> Path:
+    """A MatMul whose input goes through FakeQuantize: what NNCF's calibrated int8 writes."""
+    from openvino import opset13 as ops
+
+    x = ops.parameter([2, 8], np.float32, name="x")
+    lo, hi = ops.constant(np.float32(-4.0)), ops.constant(np.float32(4.0))
+    q = ops.fake_quantize(x, lo, hi, lo, hi, 256)
+    y = ops.matmul(q, ops.constant(np.eye(8, dtype=np.float32)), False, False)
+    path = folder / "fq.xml"
+    ov.save_model(ov.Model([y], [x], "fq"), str(path), compress_to_fp16=False)
+    return path
+
+
+AVX2_ONLY = {"sse4_2", "avx", "avx2", "fma", "f16c"}
+
+
+def test_int8_activations_without_vnni_warn_and_still_run(tmp_path, monkeypatch):
+    import warnings
+
+    from paddle_sam import _runtime
+
+    fq, plain = _fake_quantized_ir(tmp_path), _ir(tmp_path)[0]
+    monkeypatch.setattr(_runtime, "cpu_flags", lambda: AVX2_ONLY)
+    with pytest.warns(UserWarning, match=r"fq\.xml has int8 activations.*no VNNI.*avx512_vnni"):
+        compiled = compile_onnx(fq, "int8", 1)
+    x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
+    got = compiled.create_infer_request().infer([x])[compiled.outputs[0]]
+    np.testing.assert_allclose(got, x, atol=8 / 255 + 1e-6)  # quantised to 256 levels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile_onnx(fq, "fp32", 1)  # fp32 asked: nothing to say
+        compile_onnx(plain, "int8", 1)  # no int8 activations (weights-only files): nothing
+        monkeypatch.setattr(_runtime, "cpu_flags", lambda: AVX2_ONLY | {"avx_vnni"})
+        compile_onnx(fq, "int8", 1)
+        monkeypatch.setattr(_runtime, "cpu_flags", set)  # flags unknown: no guess
+        compile_onnx(fq, "int8", 1)
