@@ -126,6 +126,19 @@ def bf16_refusal() -> str | None:
     )
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says are available for new allocations (Linux's
+    ``MemAvailable``), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
+        pass
+    return None
+
+
 #: the int8 dot-product instructions (VNNI) that make int8 activations faster than fp32
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
@@ -133,18 +146,17 @@ INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 def int8_activation_note() -> str | None:
     """None when this CPU has VNNI int8 dot products (``avx512_vnni``, ``avx_vnni`` or AMX), or
     when its flags cannot be read; otherwise a sentence saying that int8 activations do not pay
-    here. Without VNNI an int8 product takes two instructions with 16-bit intermediate sums:
-    measured on an AMD EPYC with avx2 only, no runtime's int8 encoder beat its fp32 one and the
-    calibrated ones lost accuracy (docs/performance.md section 26)."""
+    here. Without VNNI an int8 product takes two instructions through 16-bit sums: measured on
+    an AMD EPYC with avx2 only, no runtime's int8 encoder beat its fp32 one (docs/performance.md
+    section 26; the export's 7-bit weights keep the answers as on other CPUs)."""
     flags = cpu_flags()
     if not flags or any(f in flags for f in INT8_FLAGS):
         return None
     return (
         "this CPU has no VNNI int8 instructions (avx512_vnni, avx_vnni, amx_int8), so int8 "
-        "activations run no faster than fp32 here and cost accuracy (SAM v1 ViT-B's encoder "
-        "on an AMD EPYC with avx2 only: 8.8 s against 8.4 s in fp32, the worst click mask's "
-        "IoU 0.92); what int8 still gives here is the smaller memory (weights a quarter of "
-        "fp32's)"
+        "activations run no faster than fp32 here (on an AMD EPYC with avx2 only: SAM v1 "
+        "ViT-B's encoder 8.8 s against 8.4 s in fp32, SAM 3's backbone 42.1 s against 38.8 s); "
+        "what int8 gives here is the smaller memory (weights a quarter of fp32's)"
     )
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -441,6 +442,8 @@ def quantize_sam3_export(
     check_outputs(out, [*INT8_FILES, *TEXT_INT8_FILES], overwrite)
     if calibration is not None and not preprocessed:
         calibration = calibration_inputs(calibration, int(manifest["image_size"]))
+    if calibration is not None and (note := calibration_memory_note(out, manifest)) is not None:
+        warnings.warn(note, stacklevel=2)
     quantized = {}
     text_info = quantize_text_encoder(out, Sam3Spec.from_dict(manifest["spec"]))
     if text_info is not None:  # first: the vision backbone's calibration needs the memory
@@ -450,6 +453,33 @@ def quantize_sam3_export(
     manifest["programs"][VISION_INT8] = list(INT8_FILES)
     manifest["quantized"] = {"int8": info, **quantized}
     return save_manifest(out, manifest)
+
+
+#: calibrating the full-size backbone (1.84 GB of fp32 weights, 4 images, NNCF 3.4) peaked at
+#: 21.3-22.6 GB resident on the machines measured, about 12 times its weights (NNCF runs the fp32
+#: backbone with every quantised activation of an image as an output)
+CALIBRATION_MEMORY_PER_WEIGHT = 12
+
+
+def calibration_memory_note(out: Path, manifest: dict) -> str | None:
+    """A sentence when this machine has less memory available than calibrating the folder's
+    backbone took where it was measured, or None (enough, or not known)."""
+    from .._runtime import available_memory
+
+    weights = sum(
+        (out / name).stat().st_size
+        for name in manifest["programs"][VISION]
+        if (out / name).is_file()
+    )
+    need, have = weights * CALIBRATION_MEMORY_PER_WEIGHT, available_memory()
+    if have is None or have >= need:
+        return None
+    return (
+        f"calibrating the int8 backbone of {out} ({weights / 1e9:.2f} GB of fp32 weights) needs "
+        f"about {need / 1e9:.1f} GB of memory (the full-size backbone peaked at 21-23 GB), and "
+        f"{have / 1e9:.1f} GB are available: the process may be killed for memory. int8 weights "
+        "alone (without --calibration) need less: no calibration run"
+    )
 
 
 def quantize_text_encoder(out_dir: str | os.PathLike, spec: Sam3Spec) -> dict | None:

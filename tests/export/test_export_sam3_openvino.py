@@ -349,20 +349,28 @@ def _ov_op_types(xml: Path) -> set[str]:
     return {op.get_type_name() for op in ov.Core().read_model(str(xml)).get_ops()}
 
 
-def test_calibrated_int8_backbone(dynamic, ckpt, image, tmp_path, capsys):
+def test_calibrated_int8_backbone(dynamic, ckpt, image, tmp_path, capsys, monkeypatch):
     """``--quantize int8 --calibration IMAGES``: the backbone with int8 activations too
     (quantise nodes on the activations, which the weights-only file has none of), calibrated
     on the images given; ``precision="int8"`` runs it close to fp32. Calibration images of
-    the wrong kind, or without --quantize, are refused by name."""
+    the wrong kind, or without --quantize, are refused by name. A machine with less memory
+    available than calibration took where measured is warned before it starts."""
     pytest.importorskip("nncf")
+    import warnings
+
     from PIL import Image
+
+    from paddle_sam import _runtime
 
     rng = np.random.default_rng(11)
     images = scene(4, H, W)[1:]  # frames other than the test image
     out = tmp_path / "static"
-    manifest = export_sam3_onnx(
-        dynamic, out, state=read_pdparams(ckpt), quantize="int8", calibration=images
-    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        manifest = export_sam3_onnx(
+            dynamic, out, state=read_pdparams(ckpt), quantize="int8", calibration=images
+        )
+    assert not [w for w in seen if "killed for memory" in str(w.message)]  # a small backbone
     info = manifest["quantized"]["int8"]
     assert info["calibration_images"] == 3 and "activations" in info["method"]
     assert "FakeQuantize" in _ov_op_types(out / "vision_backbone.int8.xml")
@@ -379,7 +387,9 @@ def test_calibrated_int8_backbone(dynamic, ckpt, image, tmp_path, capsys):
     argv = ["export", "--checkpoint", ckpt, "--format", "onnx", "--calibration", folder]
     assert_user_error(capsys, [*argv, "-o", tmp_path / "c"], "--quantize int8")
     argv += ["--quantize", "int8", "--calibration-images", "2", "-o", tmp_path / "c"]
-    assert run(argv) == 0
+    monkeypatch.setattr(_runtime, "available_memory", lambda: 4096)  # a machine short of it
+    with pytest.warns(UserWarning, match=r"needs about .* GB of memory .* killed for memory"):
+        assert run(argv) == 0
     assert "on 2 of 3 images" in capsys.readouterr().out
     listed = json.loads((tmp_path / "c" / "export.json").read_text())
     assert listed["quantized"]["int8"]["calibration_images"] == 2
