@@ -337,6 +337,10 @@ class Watch:
         for t in self.threads:
             t.start()
         self._wait_polls(1)  # /health answers before the request...
+        # the baseline once the watch's own threads run: their stacks and malloc arenas are
+        # not the server's memory
+        gc.collect()
+        self.rss0 = self.rss_peak = self.proc.memory_info().rss
         return self
 
     def __exit__(self, *exc) -> None:
