@@ -430,8 +430,7 @@ def quantize_sam3_export(
     at load time runs it). Also ``text_encoder.int8.xml`` / ``.bin``
     (:func:`quantize_text_encoder`) when the folder's weights have a text encoder. Reads only
     the folder: call it once the model that was exported is freed, calibration takes memory
-    (about 23 GB peak for the full-size backbone with the model still loaded,
-    docs/export.md). Returns the updated manifest."""
+    (8.1 GB peak for the full-size backbone, docs/export.md). Returns the updated manifest."""
     from .onnx import _int8_tools, quantize_int8
 
     _int8_tools()
@@ -456,9 +455,10 @@ def quantize_sam3_export(
 
 
 #: calibrating the full-size backbone (1.84 GB of fp32 weights, 4 images, NNCF 3.4) peaked at
-#: 21.3-22.6 GB resident on the machines measured, about 12 times its weights (NNCF runs the fp32
-#: backbone with every quantised activation of an image as an output)
-CALIBRATION_MEMORY_PER_WEIGHT = 12
+#: 8.1 GB resident with NNCF's statistics computed in graph order
+#: (:func:`~paddle_sam.export.onnx.statistics_outputs_first`; 21.3-22.6 GB without), about 4.4
+#: times its weights: 5 leaves room
+CALIBRATION_MEMORY_PER_WEIGHT = 5
 
 
 def calibration_memory_note(out: Path, manifest: dict) -> str | None:
@@ -476,7 +476,7 @@ def calibration_memory_note(out: Path, manifest: dict) -> str | None:
         return None
     return (
         f"calibrating the int8 backbone of {out} ({weights / 1e9:.2f} GB of fp32 weights) needs "
-        f"about {need / 1e9:.1f} GB of memory (the full-size backbone peaked at 21-23 GB), and "
+        f"about {need / 1e9:.1f} GB of memory (the full-size backbone peaked at 8.1 GB), and "
         f"{have / 1e9:.1f} GB are available: the process may be killed for memory. int8 weights "
         "alone (without --calibration) need less: no calibration run"
     )

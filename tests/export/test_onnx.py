@@ -6,7 +6,9 @@ the official export: ``tests/dropin/test_onnx_recipe.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shutil
 import sys
 
@@ -463,6 +465,15 @@ def test_calibrated_int8_encoder_on_openvino(checkpoint, model, pair, tmp_path, 
     assert (out / "image_encoder.quant.onnx").is_file()  # onnxruntime's files as before
     ops = openvino.Core().read_model(str(out / "image_encoder.int8.xml")).get_ops()
     assert "FakeQuantize" in {op.get_type_name() for op in ops}
+    # the weights in 7 bits, as the manifest says: two u8 x s8 products summed cannot
+    # overflow the 16-bit sums of a CPU without VNNI (8 bits would reach 127)
+    assert info["weight_bits"] == 7
+    weights = [
+        op.get_data()
+        for op in ops
+        if op.get_type_name() == "Constant" and op.get_element_type() == openvino.Type.i8
+    ]
+    assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) <= 64
     assert (out / "image_encoder.int8.bin").stat().st_size < 0.6 * (
         out / "image_encoder.onnx"
     ).stat().st_size
@@ -496,3 +507,74 @@ def test_calibrated_int8_encoder_on_openvino(checkpoint, model, pair, tmp_path, 
     assert not (tmp_path / "x").exists()
     with pytest.raises(ExportFormatError, match="--calibration"):
         OnnxSamPredictor(pair[0].export_dir, encoder_runtime="openvino", precision="int8")
+
+
+def _mlp_model(openvino, rng):
+    """A small transformer-like OpenVINO model: Linear, GELU, Linear, residual, Linear."""
+    import openvino.opset13 as ops
+
+    def linear(x, n_in, n_out):
+        w = ops.constant(rng.standard_normal((n_out, n_in)).astype(np.float32) * 0.2)
+        b = ops.constant(rng.standard_normal(n_out).astype(np.float32) * 0.1)
+        return ops.add(ops.matmul(x, w, False, True), b)
+
+    x = ops.parameter([1, 64, 32], np.float32, name="x")
+    h = linear(ops.gelu(linear(x, 32, 96), "erf"), 96, 32)
+    y = linear(ops.add(h, x), 32, 16)
+    return openvino.Model([y], [x], "mlp")
+
+
+def test_calibration_statistics_come_first_and_change_nothing(tmp_path, monkeypatch):
+    """During calibration NNCF's statistics models list the statistics first, in graph order,
+    and the model's own output last (OpenVINO then computes each statistic as soon as its
+    activation; NNCF's own order held them all to the end: 20 GB for SAM 3's backbone).
+    The file written is byte for byte the one NNCF writes without the reordering."""
+    pytest.importorskip("nncf")
+    import openvino
+    from nncf.openvino.graph.model_transformer import OVModelTransformer
+
+    from paddle_sam.export import onnx as export_onnx
+
+    rng = np.random.default_rng(5)
+    source = tmp_path / "mlp.xml"
+    openvino.save_model(_mlp_model(openvino, rng), str(source), compress_to_fp16=False)
+    data = [rng.standard_normal((1, 64, 32)).astype(np.float32) for _ in range(3)]
+
+    seen = []
+    original = OVModelTransformer.__dict__["_insert_outputs"]
+
+    def spy(model, outputs):  # what NNCF asks for, in NNCF's order
+        result = original.__func__(model, outputs)
+        seen.append(len(model.get_results()))
+        return result
+
+    monkeypatch.setattr(OVModelTransformer, "_insert_outputs", staticmethod(spy))
+    with export_onnx.statistics_outputs_first() as applied:
+        assert applied  # the pinned NNCF has the method it reorders
+        model = openvino.Core().read_model(str(source))
+        first = OVModelTransformer._insert_outputs(
+            model, [(op.output(0), 0, None) for op in model.get_ordered_ops()[::-1][2:8]]
+        )
+    assert OVModelTransformer.__dict__["_insert_outputs"].__func__ is spy  # put back
+    names = [r.input_value(0).get_node().get_friendly_name() for r in first.get_results()]
+    order = [op.get_friendly_name() for op in model.get_ordered_ops()]
+    assert (
+        len(names) == 7
+        and names[-1] == model.get_results()[0].input_value(0).get_node().get_friendly_name()
+    )
+    assert [order.index(n) for n in names[:-1]] == sorted(order.index(n) for n in names[:-1])
+
+    monkeypatch.setattr(OVModelTransformer, "_insert_outputs", original)
+    export_onnx.quantize_int8(source, tmp_path / "reordered.xml", data)
+    assert (tmp_path / "reordered.bin").stat().st_size > 0
+    monkeypatch.setattr(export_onnx, "statistics_outputs_first", contextlib.nullcontext)
+    export_onnx.quantize_int8(source, tmp_path / "nncf_order.xml", data)
+    assert (tmp_path / "reordered.bin").read_bytes() == (tmp_path / "nncf_order.bin").read_bytes()
+
+    def graph(name):  # the xml without the numbers OpenVINO counts up for unnamed nodes
+        text = (tmp_path / name).read_text()
+        return re.sub(r'name="([A-Za-z]+)_[0-9]+"', r'name="\1"', text)
+
+    assert graph("reordered.xml") == graph("nncf_order.xml")
+    ops = openvino.Core().read_model(str(tmp_path / "reordered.xml")).get_ops()
+    assert "FakeQuantize" in {op.get_type_name() for op in ops}
