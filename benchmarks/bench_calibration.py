@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import csv  # noqa: E402
 import datetime as dt  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -121,26 +120,13 @@ def parent_main(args: argparse.Namespace) -> None:
         f".bin sha256 {r['bin_sha256'][:16]}"
         for o, r in runs.items()
     ]
-    print()
-    print("\n".join(f"{k:>34}: {v}" for k, v in info))
-    print()
-    print(v1.format_table(rows, markdown=False, header=header))
-    print("\n".join(notes))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"calibration_{started.strftime('%Y%m%d-%H%M%S')}"
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["order", "seconds", "peak_rss_mb", "file_mb", "bin_sha256"])
-        for o, r in runs.items():
-            w.writerow(
-                [o, f"{r['seconds']:.4g}", f"{r['peak_rss_mb']:.0f}", f"{weights_mb:.0f}"]
-                + [r["bin_sha256"]]
-            )
-    md = [f"# int8 calibration: {stem}", "", *(f"- **{k}**: {v}" for k, v in info), ""]
-    md += [v1.format_table(rows, markdown=True, header=header), "", *(f"- {n}" for n in notes)]
-    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
-    print(f"\nwrote {out / stem}.csv and .md")
+    csv_rows = [["order", "seconds", "peak_rss_mb", "file_mb", "bin_sha256"]]
+    csv_rows += [
+        [o, f"{r['seconds']:.4g}", f"{r['peak_rss_mb']:.0f}", f"{weights_mb:.0f}", r["bin_sha256"]]
+        for o, r in runs.items()
+    ]
+    v1.report(Path(args.out), stem, "int8 calibration", info, (header, rows), notes, csv_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
-import csv  # noqa: E402
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
@@ -136,24 +135,14 @@ def parent_main(args: argparse.Namespace) -> None:
         for impl, rs in runs.items()
         for n, x in enumerate(rs, 1)
     ]
-    print()
-    print("\n".join(f"{k:>28}: {v}" for k, v in info))
-    print()
-    print(v1.format_table(rows, markdown=False, header=header))
-    print("\nratio < 1: paddle_sam is faster / smaller; peak RSS is the whole process's")
-    print("\n".join(notes))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    notes.insert(0, "ratio < 1: paddle_sam is faster / smaller; peak RSS is the whole process's")
     stem = f"sam3_load_{started.strftime('%Y%m%d-%H%M%S')}"
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["impl", "seconds", "peak_rss_mb"])
-        for impl in args.impl:
-            w.writerow([impl, f"{med[impl]['seconds']:.4g}", f"{med[impl]['peak_rss_mb']:.0f}"])
-    md = [f"# SAM 3 load: {stem}", "", *(f"- **{k}**: {v}" for k, v in info), ""]
-    md += [v1.format_table(rows, markdown=True, header=header), "", *(f"- {n}" for n in notes)]
-    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
-    print(f"\nwrote {out / stem}.csv and .md")
+    csv_rows = [["impl", "seconds", "peak_rss_mb"]]
+    csv_rows += [
+        [impl, f"{med[impl]['seconds']:.4g}", f"{med[impl]['peak_rss_mb']:.0f}"]
+        for impl in args.impl
+    ]
+    v1.report(Path(args.out), stem, "SAM 3 load", info, (header, rows), notes, csv_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -530,6 +530,33 @@ def write_outputs(
     return csv_path, md_path
 
 
+def report(
+    out_dir: Path,
+    stem: str,
+    title: str,
+    info: list[tuple[str, str]],
+    table: tuple[list[str], list[list[str]]],
+    notes: list[str],
+    csv_rows: list[list[str]],
+) -> None:
+    """Print a run's machine lines, table and notes; write them as ``stem.md`` and the
+    ``csv_rows`` (header first) as ``stem.csv`` in ``out_dir``."""
+    header, rows = table
+    width = max(len(k) for k, _ in info)
+    print()
+    print("\n".join(f"{k:>{width}}: {v}" for k, v in info))
+    print()
+    print(format_table(rows, markdown=False, header=header))
+    print("\n".join(notes))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f"{stem}.csv", "w", newline="") as f:
+        csv.writer(f).writerows(csv_rows)
+    md = [f"# {title}: {stem}", "", *(f"- **{k}**: {v}" for k, v in info), ""]
+    md += [format_table(rows, markdown=True, header=header), "", *(f"- {n}" for n in notes)]
+    (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print(f"\nwrote {out_dir / stem}.csv and .md")
+
+
 def parent_main(args: argparse.Namespace) -> None:
     started = dt.datetime.now().astimezone()
     with tempfile.TemporaryDirectory(prefix="bench_sam_v1_") as tmp:
