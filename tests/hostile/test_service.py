@@ -305,8 +305,7 @@ class Watch:
         self.stop = threading.Event()
         self.health: list[float] = []
         self.health_errors: list[str] = []
-        gc.collect()
-        self.rss0 = self.rss_peak = self.proc.memory_info().rss
+        self.rss0 = self.rss_peak = 0  # the baseline is taken in __enter__, the threads running
         self.temp_peak = 0
 
     def _poll_health(self) -> None:
